@@ -1,0 +1,90 @@
+// SPDX-License-Identifier: MIT
+//! `bam::error`: the one exception type of bam's host code. It carries what
+//! failed — controller, queue, command, LBA, NVMe status, errno — and prints
+//! as one line.
+//!
+//! @code
+//!   try { ctrl.read(1, lba, 8, buf); }
+//!   catch (const bam::error& e) { std::fprintf(stderr, "%s\n", e.what()); }
+//!   // bam: read failed: controller emu:ram, queue 3, opcode 0x02, cid 17,
+//!   //      LBA 123456, status LBA Out of Range (sct 0x0 sc 0x80)
+//! @endcode
+#pragma once
+
+#include <bam/nvme/spec.hpp>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace bam {
+
+//! What an error is about; every field is optional.
+struct error_context {
+  std::string controller;             //!< device string or name
+  std::optional<std::uint16_t> queue; //!< queue id (0: admin)
+  std::optional<std::uint8_t> opcode;
+  std::optional<std::uint16_t> cid;
+  std::optional<std::uint64_t> lba;
+  std::optional<std::uint64_t> index; //!< array element index
+  std::optional<nvme::status> status;
+  int errnum = 0; //!< errno, 0 if none
+};
+
+class error : public std::runtime_error {
+public:
+  error(const std::string& what_failed, error_context ctx = {})
+      : std::runtime_error(format(what_failed, ctx)), ctx_(std::move(ctx)) {}
+
+  const error_context& context() const noexcept { return ctx_; }
+  //! NVMe status if the failure came from a completion (or a bam status).
+  std::optional<nvme::status> status() const noexcept { return ctx_.status; }
+  int errnum() const noexcept { return ctx_.errnum; }
+
+  static std::string format(const std::string& what_failed, const error_context& c) {
+    std::ostringstream os;
+    os << "bam: " << what_failed;
+    const char* sep = ": ";
+    auto field = [&](const auto&... parts) {
+      os << sep;
+      (os << ... << parts);
+      sep = ", ";
+    };
+    if (!c.controller.empty()) field("controller ", c.controller);
+    if (c.queue) field("queue ", *c.queue);
+    if (c.opcode) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "0x%02x", *c.opcode);
+      field("opcode ", buf);
+    }
+    if (c.cid) field("cid ", *c.cid);
+    if (c.index) field("index ", *c.index);
+    if (c.lba) field("LBA ", *c.lba);
+    if (c.status) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, " (sct 0x%x sc 0x%02x)", static_cast<unsigned>(c.status->sct()),
+                    c.status->sc());
+      field("status ", nvme::status_name(*c.status), buf);
+    }
+    if (c.errnum != 0) field("errno ", c.errnum, " (", std::strerror(c.errnum), ")");
+    return os.str();
+  }
+
+private:
+  error_context ctx_;
+};
+
+//! Throw a `bam::error` for errno after a failed system call.
+[[noreturn]] inline void throw_errno(const std::string& what_failed, int errnum = errno,
+                                     std::string controller = {}) {
+  error_context c;
+  c.controller = std::move(controller);
+  c.errnum = errnum;
+  throw error(what_failed, std::move(c));
+}
+
+} // namespace bam

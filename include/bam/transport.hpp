@@ -1,0 +1,158 @@
+// SPDX-License-Identifier: MIT
+//! The transport interface: how the controller driver reaches a controller's
+//! registers and makes memory reachable by its DMA engine. The kernel-module
+//! PCI transport and the software controller implement it the same way, so
+//! the driver above them is the same code.
+//!
+//! @code
+//!   std::shared_ptr<bam::transport> t = bam::emu::make_ram_controller(...);
+//!   auto buf = t->alloc(1 << 20);                 // DMA-able, zeroed
+//!   std::uint64_t bus = buf->bus_address(4096);   // what goes into a PRP
+//! @endcode
+#pragma once
+
+#include <bam/error.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace bam {
+
+//! Where a buffer lives.
+enum class memory_kind : std::uint8_t {
+  host,   //!< host memory (pinned while mapped)
+  device, //!< GPU memory
+};
+
+//! Granularity of bus address lists and of the controller memory page (CC.MPS = 0).
+inline constexpr std::size_t dma_page_size = 4096;
+
+//! A region of memory the controller can reach, with the bus address of every
+//! `dma_page_size` page. Unmapped (and freed, if it owns the memory) when destroyed.
+class dma_region {
+public:
+  dma_region(void* vaddr, std::size_t size, memory_kind kind, std::vector<std::uint64_t> bus)
+      : vaddr_(vaddr), size_(size), kind_(kind), bus_(std::move(bus)) {}
+  virtual ~dma_region() = default;
+  dma_region(const dma_region&) = delete;
+  dma_region& operator=(const dma_region&) = delete;
+
+  void* data() const noexcept { return vaddr_; }
+  template <class T>
+  T* as() const noexcept {
+    return static_cast<T*>(vaddr_);
+  }
+  std::size_t size() const noexcept { return size_; }
+  memory_kind kind() const noexcept { return kind_; }
+  //! Bus addresses of the region's pages, one per `dma_page_size`.
+  const std::vector<std::uint64_t>& page_bus() const noexcept { return bus_; }
+  //! Bus address of byte `offset` of the region.
+  std::uint64_t bus_address(std::size_t offset) const {
+    if (offset >= size_) {
+      error_context c;
+      c.errnum = ERANGE;
+      throw error("DMA offset " + std::to_string(offset) + " outside a region of " +
+                      std::to_string(size_) + " bytes",
+                  c);
+    }
+    return bus_[offset / dma_page_size] + offset % dma_page_size;
+  }
+
+private:
+  void* vaddr_;
+  std::size_t size_;
+  memory_kind kind_;
+  std::vector<std::uint64_t> bus_;
+};
+
+//! Register access and DMA mapping for one controller.
+class transport {
+public:
+  virtual ~transport() = default;
+
+  //! A name for messages: the device string, e.g. "emu:ram=64M" or "/dev/bam-nvme0".
+  virtual std::string name() const = 0;
+
+  virtual std::uint32_t read32(std::uint32_t offset) = 0;
+  virtual void write32(std::uint32_t offset, std::uint32_t value) = 0;
+  //! 64-bit registers are accessed as two 32-bit halves, low first (as the
+  //! spec allows and as every controller accepts).
+  virtual std::uint64_t read64(std::uint32_t offset) {
+    const std::uint64_t lo = read32(offset);
+    const std::uint64_t hi = read32(offset + 4);
+    return lo | (hi << 32);
+  }
+  virtual void write64(std::uint32_t offset, std::uint64_t value) {
+    write32(offset, static_cast<std::uint32_t>(value));
+    write32(offset + 4, static_cast<std::uint32_t>(value >> 32));
+  }
+
+  //! A CPU pointer to the 32-bit doorbell register at `offset` (mapped BAR0, or
+  //! the software controller's register file). Writes through it need no call.
+  virtual volatile std::uint32_t* doorbell(std::uint32_t offset) = 0;
+
+  //! A GPU pointer to the same doorbell, or nullptr if GPU threads cannot
+  //! ring this controller.
+  virtual volatile std::uint32_t* device_doorbell(std::uint32_t /*offset*/) { return nullptr; }
+
+  //! Make `[ptr, ptr + size)` reachable by the controller. `ptr` and `size`
+  //! must be multiples of `dma_page_size`. The memory stays the caller's.
+  virtual std::unique_ptr<dma_region> map(void* ptr, std::size_t size, memory_kind kind) = 0;
+
+  //! Allocate zeroed, page-aligned host memory and map it.
+  virtual std::unique_ptr<dma_region> alloc(std::size_t size) {
+    const std::size_t bytes = round_up(size);
+    void* p = std::aligned_alloc(dma_page_size, bytes);
+    if (p == nullptr) throw_errno("allocating " + std::to_string(bytes) + " bytes of DMA memory", ENOMEM, name());
+    std::memset(p, 0, bytes);
+    try {
+      auto mapping = map(p, bytes, memory_kind::host);
+      return std::make_unique<owned_region>(std::move(mapping), p);
+    } catch (...) {
+      std::free(p);
+      throw;
+    }
+  }
+
+  static std::size_t round_up(std::size_t size) {
+    return (size + dma_page_size - 1) / dma_page_size * dma_page_size;
+  }
+
+protected:
+  //! Validate a map request the same way for every transport.
+  void check_map_args(const void* ptr, std::size_t size) const {
+    const auto a = reinterpret_cast<std::uintptr_t>(ptr);
+    if (size == 0 || a % dma_page_size != 0 || size % dma_page_size != 0) {
+      error_context c;
+      c.controller = name();
+      c.errnum = EINVAL;
+      throw error("DMA mapping needs a non-empty, " + std::to_string(dma_page_size) +
+                      "-byte aligned buffer and length (got " + std::to_string(size) + " bytes)",
+                  c);
+    }
+  }
+
+private:
+  //! A mapping plus the memory it owns; the mapping goes first.
+  class owned_region : public dma_region {
+  public:
+    owned_region(std::unique_ptr<dma_region> m, void* mem)
+        : dma_region(m->data(), m->size(), m->kind(), m->page_bus()), mapping_(std::move(m)),
+          mem_(mem) {}
+    ~owned_region() override {
+      mapping_.reset();
+      std::free(mem_);
+    }
+
+  private:
+    std::unique_ptr<dma_region> mapping_;
+    void* mem_;
+  };
+};
+
+} // namespace bam
