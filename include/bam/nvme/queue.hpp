@@ -81,7 +81,22 @@ BAM_HD inline void mmio_write32(volatile std::uint32_t* reg, std::uint32_t value
 #endif
 }
 
+struct no_prepare {
+  BAM_HD void operator()(command&, std::uint32_t) const {}
+};
+struct no_idle {
+  BAM_HD void operator()() const {}
+};
+
 } // namespace detail
+
+// Host code passes host-only lambdas to the templates below; their device
+// instantiation is never used, so nvcc's host/device call check is off for them.
+#if defined(__CUDACC__)
+#define BAM_EXEC_CHECK_DISABLE _Pragma("nv_exec_check_disable")
+#else
+#define BAM_EXEC_CHECK_DISABLE
+#endif
 
 //! Largest command-id space the protocol uses per queue (CID is 16 bits).
 inline constexpr std::uint32_t max_cids = 65535;
@@ -131,8 +146,9 @@ struct queue_pair_ref {
   //! Submit `cmd`. `prepare(command&, cid)` runs once the command id is known
   //! and before the entry is written (to point PRP2 at a per-cid list, say).
   //! On success `ticket` identifies the command for `wait`.
-  template <class Prepare>
-  BAM_HD status submit(command cmd, std::uint64_t& ticket, Prepare&& prepare) const {
+  BAM_EXEC_CHECK_DISABLE
+  template <class Prepare, class Idle>
+  BAM_HD status submit(command cmd, std::uint64_t& ticket, Prepare&& prepare, Idle&& idle) const {
     using detail::device_atomic;
     if (broken()) return status_queue_broken;
     const std::uint64_t t =
@@ -151,6 +167,7 @@ struct queue_pair_ref {
         return status_queue_full;
       }
       ring();
+      idle();
       poll();
       pause();
     }
@@ -165,6 +182,7 @@ struct queue_pair_ref {
         return status_queue_full;
       }
       ring();
+      idle();
       poll();
       pause();
     }
@@ -177,8 +195,13 @@ struct queue_pair_ref {
     return status_success;
   }
 
+  BAM_EXEC_CHECK_DISABLE
+  template <class Prepare>
+  BAM_HD status submit(command cmd, std::uint64_t& ticket, Prepare&& prepare) const {
+    return submit(cmd, ticket, static_cast<Prepare&&>(prepare), detail::no_idle{});
+  }
   BAM_HD status submit(command cmd, std::uint64_t& ticket) const {
-    return submit(cmd, ticket, [](command&, std::uint32_t) {});
+    return submit(cmd, ticket, detail::no_prepare{}, detail::no_idle{});
   }
 
   //! Publish every contiguous ready slot with one SQ doorbell write.
@@ -258,7 +281,11 @@ struct queue_pair_ref {
 
   //! Wait for the completion of `ticket`; returns its status and, if asked,
   //! completion dword 0. Consumes completions (for everyone) while waiting.
-  BAM_HD status wait(std::uint64_t ticket, std::uint32_t* dw0 = nullptr) const {
+  //! `idle()` runs on every round of the wait: an engine that serves the
+  //! queue from the waiting threads themselves does its work there.
+  BAM_EXEC_CHECK_DISABLE
+  template <class Idle>
+  BAM_HD status wait(std::uint64_t ticket, std::uint32_t* dw0, Idle&& idle) const {
     using detail::device_atomic;
     const std::uint32_t cid = static_cast<std::uint32_t>(ticket % ncids);
     const std::uint32_t turn = static_cast<std::uint32_t>(ticket / ncids);
@@ -274,6 +301,7 @@ struct queue_pair_ref {
         return st;
       }
       ring();
+      idle();
       if (poll() != 0) continue;
       if (broken()) return status_queue_broken;
       if (bam::detail::now_ns() > deadline) {
@@ -284,7 +312,12 @@ struct queue_pair_ref {
     }
   }
 
+  BAM_HD status wait(std::uint64_t ticket, std::uint32_t* dw0 = nullptr) const {
+    return wait(ticket, dw0, detail::no_idle{});
+  }
+
   //! Submit and wait.
+  BAM_EXEC_CHECK_DISABLE
   template <class Prepare>
   BAM_HD status execute(command cmd, Prepare&& prepare, std::uint32_t* dw0 = nullptr) const {
     std::uint64_t ticket = 0;
@@ -293,7 +326,7 @@ struct queue_pair_ref {
     return wait(ticket, dw0);
   }
   BAM_HD status execute(command cmd, std::uint32_t* dw0 = nullptr) const {
-    return execute(cmd, [](command&, std::uint32_t) {}, dw0);
+    return execute(cmd, detail::no_prepare{}, dw0);
   }
 };
 

@@ -261,7 +261,7 @@ inline constexpr std::uint8_t queue_full = 0xf3;   //!< no slot free within the 
 struct status {
   std::uint16_t raw = 0;
 
-  BAM_HD constexpr status() = default;
+  constexpr status() = default;
   BAM_HD constexpr explicit status(std::uint16_t r) : raw(r) {}
   BAM_HD constexpr status(status_type sct, std::uint8_t sc, bool dnr = false)
       : raw(static_cast<std::uint16_t>(sc | (static_cast<std::uint16_t>(sct) << 8) |
