@@ -103,7 +103,7 @@ public:
     if (!opts_.ring_alloc)
       opts_.ring_alloc = [](transport& tr, std::size_t bytes) { return tr.alloc(bytes); };
     if (!opts_.state_alloc) {
-      opts_.state_alloc = [](std::size_t bytes) { return std::calloc(1, bytes); };
+      opts_.state_alloc = [](std::size_t bytes) { return host_state_alloc(bytes); };
       opts_.state_free = [](void* p) { std::free(p); };
     }
     try {
@@ -339,7 +339,7 @@ private:
     const std::size_t bytes = cq_offset(depth) + transport::round_up(sizeof(nvme::completion) * depth);
     q.rings = qid == 0 ? transport_->alloc(bytes) : opts_.ring_alloc(*transport_, bytes);
     const std::size_t state_bytes = nvme::queue_state_bytes(depth);
-    q.state = qid == 0 ? std::calloc(1, state_bytes) : opts_.state_alloc(state_bytes);
+    q.state = qid == 0 ? host_state_alloc(state_bytes) : opts_.state_alloc(state_bytes);
     if (q.state == nullptr) throw_errno("allocating queue state", ENOMEM, name_);
     auto& r = q.ref;
     r.sq = q.rings->as<nvme::command>();
@@ -530,21 +530,22 @@ private:
     // Keep a few chunks in flight per call; each holds one PRP pool entry.
     constexpr std::size_t window = 8;
     struct inflight {
-      std::uint64_t ticket;
       std::uint32_t pool_entry;
       nvme::command cmd;
       std::uint64_t lba;
+      nvme::completion_record record; // several in flight: completions delivered here
     };
-    std::vector<inflight> pending;
+    std::vector<std::unique_ptr<inflight>> pending;
     std::optional<error> first_error;
     auto finish_one = [&]() {
-      inflight f = pending.front();
+      std::unique_ptr<inflight> f = std::move(pending.front());
       pending.erase(pending.begin());
-      const nvme::status st = q.ref.wait(f.ticket);
-      release_prp(f.pool_entry);
+      const nvme::status st = q.ref.wait(f->record);
+      // A command that timed out may still complete: its PRP lists stay reserved.
+      if (st != nvme::status_timeout && st != nvme::status_queue_broken) release_prp(f->pool_entry);
       if (!st.ok() && !first_error)
         first_error.emplace(command_error(op == nvme::nvm_opcode::read ? "read failed" : "write failed",
-                                          q.ref.qid, f.cmd, st, f.lba));
+                                          q.ref.qid, f->cmd, st, f->lba));
     };
     for (std::uint64_t done = 0; done < nblocks && !first_error;) {
       const auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>(nblocks - done, max_blocks));
@@ -567,15 +568,19 @@ private:
         while (!pending.empty()) finish_one();
         throw;
       }
+      auto f = std::make_unique<inflight>();
+      f->pool_entry = entry;
+      f->lba = lba + done;
       std::uint64_t ticket = 0;
-      const nvme::status st =
-          q.ref.submit(cmd, ticket, [&](nvme::command& c, std::uint32_t) { cmd = c; });
+      const nvme::status st = q.ref.submit(
+          cmd, ticket, [&](nvme::command& c, std::uint32_t) { f->cmd = c; }, nvme::detail::no_idle{},
+          &f->record);
       if (!st.ok()) {
         release_prp(entry);
         first_error.emplace(command_error("submission failed", q.ref.qid, cmd, st, lba + done));
         break;
       }
-      pending.push_back({ticket, entry, cmd, lba + done});
+      pending.push_back(std::move(f));
       done += n;
     }
     while (!pending.empty()) finish_one();
@@ -626,6 +631,14 @@ private:
     c.controller = name_;
     throw error("controller bring-up failed in state '" + std::string(state_name(state_)) + "': " + what,
                 c);
+  }
+
+  //! Zeroed, aligned as the queue counters require.
+  static void* host_state_alloc(std::size_t bytes) {
+    constexpr std::size_t align = alignof(nvme::detail::queue_counters);
+    void* p = std::aligned_alloc(align, (bytes + align - 1) / align * align);
+    if (p != nullptr) std::memset(p, 0, bytes);
+    return p;
   }
 
   static std::string trim(const char* s, std::size_t n) {

@@ -62,14 +62,32 @@ struct queue_counters {
   std::uint64_t doorbells;            //!< SQ doorbell writes (statistics)
 };
 
+} // namespace detail
+
+//! Where the completion of one command is delivered when the submitter keeps
+//! several commands in flight (see `queue_pair_ref::submit`). Must live in
+//! memory the consuming threads can write: any host memory for CPU threads,
+//! global or shared memory (not a local variable) for GPU threads.
+struct completion_record {
+  std::uint32_t done = 0;   //!< 1 once filled
+  std::uint32_t status = 0; //!< completion status (without phase)
+  std::uint32_t dw0 = 0;    //!< completion dword 0
+  std::uint32_t reserved = 0;
+};
+static_assert(sizeof(completion_record) == 16);
+
+namespace detail {
+
 //! Per command id: who may use it next and what its completion said.
 struct cid_state {
-  std::uint32_t free_turn; //!< turn (ticket / ncids) allowed to use this id
-  std::uint32_t done;      //!< 1 once the completion is filed
-  std::uint32_t dw0;       //!< completion dword 0
-  std::uint32_t status;    //!< completion status (without phase)
+  std::uint32_t free_turn;   //!< turn (ticket / ncids) allowed to use this id
+  std::uint32_t done;        //!< 1 once the completion is filed here
+  std::uint32_t dw0;         //!< completion dword 0
+  std::uint32_t status;      //!< completion status (without phase)
+  completion_record* record; //!< if set, the completion goes there and the id is freed at once
+  std::uint64_t reserved;
 };
-static_assert(sizeof(cid_state) == 16);
+static_assert(sizeof(cid_state) == 32);
 
 BAM_HD inline void mmio_write32(volatile std::uint32_t* reg, std::uint32_t value) {
 #if BAM_DEVICE_CODE
@@ -146,9 +164,17 @@ struct queue_pair_ref {
   //! Submit `cmd`. `prepare(command&, cid)` runs once the command id is known
   //! and before the entry is written (to point PRP2 at a per-cid list, say).
   //! On success `ticket` identifies the command for `wait`.
+  //!
+  //! Without a `record`, the completion waits under its command id until
+  //! `wait(ticket)` collects it, and the id is reused only after that: fine
+  //! for a thread that submits and then waits. A thread that keeps several
+  //! commands in flight must pass a `completion_record` per command: its
+  //! completion is delivered there and the id is freed when it is consumed,
+  //! so threads blocked in `submit` never wait on results nobody collects.
   BAM_EXEC_CHECK_DISABLE
   template <class Prepare, class Idle>
-  BAM_HD status submit(command cmd, std::uint64_t& ticket, Prepare&& prepare, Idle&& idle) const {
+  BAM_HD status submit(command cmd, std::uint64_t& ticket, Prepare&& prepare, Idle&& idle,
+                       completion_record* record = nullptr) const {
     using detail::device_atomic;
     if (broken()) return status_queue_broken;
     const std::uint64_t t =
@@ -188,6 +214,7 @@ struct queue_pair_ref {
     }
     cmd.cid = static_cast<std::uint16_t>(cid);
     prepare(cmd, cid);
+    cids[cid].record = record;
     sq[t % sq_depth] = cmd;
     device_atomic<std::uint64_t>(ready[t % sq_depth]).store(t + 1, cuda::memory_order_release);
     ticket = t;
@@ -202,6 +229,11 @@ struct queue_pair_ref {
   }
   BAM_HD status submit(command cmd, std::uint64_t& ticket) const {
     return submit(cmd, ticket, detail::no_prepare{}, detail::no_idle{});
+  }
+  //! Submit with the completion delivered to `record` (see above).
+  BAM_HD status submit(command cmd, std::uint64_t& ticket, completion_record& record) const {
+    record.done = 0;
+    return submit(cmd, ticket, detail::no_prepare{}, detail::no_idle{}, &record);
   }
 
   //! Publish every contiguous ready slot with one SQ doorbell write.
@@ -264,9 +296,20 @@ struct queue_pair_ref {
       device_atomic<std::uint64_t>(counters->sq_head)
           .store(counters->sq_head + delta, cuda::memory_order_release);
       if (cid < ncids) {
-        cids[cid].dw0 = dw0;
-        cids[cid].status = st;
-        device_atomic<std::uint32_t>(cids[cid].done).store(1, cuda::memory_order_release);
+        completion_record* rec = cids[cid].record;
+        if (rec != nullptr) {
+          // Deliver, then free the id for its next turn right away.
+          rec->dw0 = dw0;
+          rec->status = st;
+          cids[cid].record = nullptr;
+          device_atomic<std::uint32_t>(rec->done).store(1, cuda::memory_order_release);
+          device_atomic<std::uint32_t> free_turn(cids[cid].free_turn);
+          free_turn.store(free_turn.load(cuda::memory_order_relaxed) + 1, cuda::memory_order_release);
+        } else {
+          cids[cid].dw0 = dw0;
+          cids[cid].status = st;
+          device_atomic<std::uint32_t>(cids[cid].done).store(1, cuda::memory_order_release);
+        }
       }
       ++head;
       ++consumed;
@@ -314,6 +357,34 @@ struct queue_pair_ref {
 
   BAM_HD status wait(std::uint64_t ticket, std::uint32_t* dw0 = nullptr) const {
     return wait(ticket, dw0, detail::no_idle{});
+  }
+
+  //! Wait for a command submitted with a `completion_record`.
+  BAM_EXEC_CHECK_DISABLE
+  template <class Idle>
+  BAM_HD status wait(const completion_record& record, std::uint32_t* dw0, Idle&& idle) const {
+    using detail::device_atomic;
+    device_atomic<std::uint32_t> done(const_cast<std::uint32_t&>(record.done));
+    const std::uint64_t deadline = bam::detail::now_ns() + timeout_ns;
+    bam::detail::backoff pause;
+    for (;;) {
+      if (done.load(cuda::memory_order_acquire) != 0) {
+        if (dw0 != nullptr) *dw0 = record.dw0;
+        return status(static_cast<std::uint16_t>(record.status));
+      }
+      ring();
+      idle();
+      if (poll() != 0) continue;
+      if (broken()) return status_queue_broken;
+      if (bam::detail::now_ns() > deadline) {
+        mark_broken();
+        return status_timeout;
+      }
+      pause();
+    }
+  }
+  BAM_HD status wait(const completion_record& record, std::uint32_t* dw0 = nullptr) const {
+    return wait(record, dw0, detail::no_idle{});
   }
 
   //! Submit and wait.

@@ -1,0 +1,18 @@
+// SPDX-License-Identifier: MIT
+//! The software NVMe controller ("emu" transport): an in-process controller
+//! that speaks the real NVMe register and queue protocol over RAM, a file or a
+//! block device, with fault injection for tests.
+//!
+//! @code
+//!   #include <bam/emu.hpp>
+//!   auto ctrl = bam::emu::make_ram_controller(64 << 20);        // 64 MiB, 512 B blocks
+//!   std::shared_ptr<bam::transport> t = ctrl;                    // what the driver takes
+//!   ctrl->faults().add({.opcode = 0x02, .action = bam::emu::fault_action::drop});
+//! @endcode
+#pragma once
+
+#include <bam/emu/controller.hpp>
+#include <bam/emu/cpu_engine.hpp>
+#include <bam/emu/engine.hpp>
+#include <bam/emu/faults.hpp>
+#include <bam/emu/media.hpp>

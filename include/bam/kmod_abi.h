@@ -1,0 +1,149 @@
+/* SPDX-License-Identifier: (GPL-2.0 WITH Linux-syscall-note) OR MIT */
+/*
+ * The ioctl ABI of the bam_nvme kernel module: one header for the module
+ * (C, kernel) and for the library (C++, user space).
+ *
+ * Rules, so that old libraries keep working with new modules:
+ *  - Only fixed-width __u32/__u64/__s32 fields, naturally aligned, explicit
+ *    padding. Sizes are asserted below on both sides.
+ *  - A struct is never changed once released. New behaviour gets a new ioctl
+ *    number and a new struct, and BAM_KMOD_ABI_VERSION goes up.
+ *  - Every pad/flags/reserved field must be zero (the module returns -EINVAL
+ *    otherwise), so that it can be given a meaning later.
+ *  - The library calls BAM_KMOD_IOC_VERSION right after open and refuses a
+ *    module whose range [min_abi_version, abi_version] does not include the
+ *    ABI it was built with.
+ *
+ * Fields are marked // in (user -> module) or // out (module -> user).
+ * Errors are negative errno values from ioctl(), see each command.
+ */
+#ifndef BAM_KMOD_ABI_H
+#define BAM_KMOD_ABI_H
+
+#include <linux/ioctl.h>
+#include <linux/types.h>
+
+/* ABI this header describes, and the oldest ABI a module built from it serves. */
+#define BAM_KMOD_ABI_VERSION 1
+#define BAM_KMOD_MIN_ABI_VERSION 1
+
+/* Device nodes: /dev/bam-nvme0, /dev/bam-nvme1, ... (one per bound controller). */
+#define BAM_KMOD_DEVICE_PREFIX "/dev/bam-nvme"
+#define BAM_KMOD_DRIVER_NAME "bam_nvme"
+
+/* Granularity of every bus address list the module returns. */
+#define BAM_KMOD_DMA_PAGE_SIZE 4096u
+/* GPU pages handed out by nvidia_p2p_get_pages (MAP_GPU needs this alignment). */
+#define BAM_KMOD_GPU_PAGE_SIZE 65536u
+
+#define BAM_KMOD_IOC_MAGIC 0xBA
+
+/* BAM_KMOD_IOC_VERSION: the handshake. Never fails on an open device. */
+struct bam_kmod_version {
+  __u32 lib_abi_version; /* in: BAM_KMOD_ABI_VERSION the caller was built with */
+  __u32 abi_version;     /* out: BAM_KMOD_ABI_VERSION of the module */
+  __u32 min_abi_version; /* out: oldest library ABI the module serves */
+  __u32 pad;             /* in: zero */
+};
+
+/* bam_kmod_info.flags */
+#define BAM_KMOD_INFO_IOMMU (1u << 0) /* bus addresses are IOVAs translated by an IOMMU */
+#define BAM_KMOD_INFO_GPU (1u << 1)   /* bam_nvme_gpu is loaded: MAP_GPU is available */
+
+/* BAM_KMOD_IOC_INFO: what the controller is and how it is reached. */
+struct bam_kmod_info {
+  __u64 bar0_size;     /* out: bytes of BAR0; the largest length mmap() accepts */
+  __u64 dma_mask;      /* out: DMA mask the module set (e.g. 2^64-1) */
+  __u64 max_map_bytes; /* out: largest length one MAP_* ioctl accepts */
+  __u32 pci_domain;    /* out: PCI address domain:bus:device.function */
+  __u32 pci_bus;       /* out */
+  __u32 pci_device;    /* out */
+  __u32 pci_function;  /* out */
+  __u32 vendor_id;     /* out: PCI vendor and device id */
+  __u32 device_id;     /* out */
+  __u32 flags;         /* out: BAM_KMOD_INFO_* */
+  __s32 numa_node;     /* out: -1 if unknown */
+  __u32 minor;         /* out: N of /dev/bam-nvmeN */
+  __u32 pad;           /* out: zero */
+};
+
+/*
+ * BAM_KMOD_IOC_MAP_HOST: pin [vaddr, vaddr + length) of the caller's memory
+ * (FOLL_LONGTERM | FOLL_WRITE) and DMA-map it for this controller.
+ * bus_addrs points at bus_addr_count __u64; the module writes length / 4096
+ * bus addresses there, one per 4 KiB page, in order.
+ * Errors: -EINVAL (zero/unaligned vaddr or length, too small array, nonzero
+ * flags), -E2BIG (length > max_map_bytes), -EFAULT (bad pointers, memory not
+ * mapped writable), -ENOMEM, -EACCES (fd of another process), -ENODEV
+ * (controller removed).
+ */
+struct bam_kmod_map_host {
+  __u64 vaddr;          /* in: 4 KiB aligned user address */
+  __u64 length;         /* in: bytes, nonzero multiple of 4 KiB */
+  __u64 bus_addrs;      /* in: user pointer to __u64[bus_addr_count] */
+  __u32 bus_addr_count; /* in: capacity of bus_addrs, >= length / 4096 */
+  __u32 flags;          /* in: zero */
+  __u64 handle;         /* out: nonzero; pass to UNMAP */
+};
+
+/*
+ * BAM_KMOD_IOC_MAP_DMABUF: import dma-buf `fd`, attach it to this controller
+ * (peer-to-peer allowed), pin and map it, and return the bus addresses of
+ * [offset, offset + length) of the buffer. This is how GPU memory exported
+ * with cuMemGetHandleForAddressRange(CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD) is
+ * mapped. Errors as MAP_HOST, plus -EINVAL for an fd that is not a dma-buf
+ * or a range outside the buffer, -EBADF for a closed fd.
+ */
+struct bam_kmod_map_dmabuf {
+  __s32 fd;             /* in: dma-buf file descriptor (the caller may close it afterwards) */
+  __u32 flags;          /* in: zero */
+  __u64 offset;         /* in: 4 KiB aligned offset into the buffer */
+  __u64 length;         /* in: bytes, nonzero multiple of 4 KiB */
+  __u64 bus_addrs;      /* in: user pointer to __u64[bus_addr_count] */
+  __u32 bus_addr_count; /* in: capacity of bus_addrs */
+  __u32 pad;            /* in: zero */
+  __u64 handle;         /* out */
+};
+
+/*
+ * BAM_KMOD_IOC_MAP_GPU: pin GPU memory with nvidia_p2p_get_pages and map it
+ * for this controller with nvidia_p2p_dma_map_pages. vaddr and length must
+ * be 64 KiB aligned (GPU pages). -EOPNOTSUPP when bam_nvme_gpu is not loaded.
+ * If the GPU memory is freed while mapped, the mapping is revoked (the bus
+ * addresses become invalid); UNMAP still has to be called.
+ */
+struct bam_kmod_map_gpu {
+  __u64 vaddr;          /* in: CUDA device pointer, 64 KiB aligned */
+  __u64 length;         /* in: bytes, nonzero multiple of 64 KiB */
+  __u64 bus_addrs;      /* in: user pointer to __u64[bus_addr_count] */
+  __u32 bus_addr_count; /* in: capacity of bus_addrs, >= length / 4096 */
+  __u32 flags;          /* in: zero */
+  __u64 handle;         /* out */
+};
+
+/* BAM_KMOD_IOC_UNMAP: undo one MAP_*. -EINVAL for an unknown handle. */
+struct bam_kmod_unmap {
+  __u64 handle; /* in */
+};
+
+#define BAM_KMOD_IOC_VERSION _IOWR(BAM_KMOD_IOC_MAGIC, 0x00, struct bam_kmod_version)
+#define BAM_KMOD_IOC_INFO _IOR(BAM_KMOD_IOC_MAGIC, 0x01, struct bam_kmod_info)
+#define BAM_KMOD_IOC_MAP_HOST _IOWR(BAM_KMOD_IOC_MAGIC, 0x02, struct bam_kmod_map_host)
+#define BAM_KMOD_IOC_MAP_DMABUF _IOWR(BAM_KMOD_IOC_MAGIC, 0x03, struct bam_kmod_map_dmabuf)
+#define BAM_KMOD_IOC_MAP_GPU _IOWR(BAM_KMOD_IOC_MAGIC, 0x04, struct bam_kmod_map_gpu)
+#define BAM_KMOD_IOC_UNMAP _IOW(BAM_KMOD_IOC_MAGIC, 0x05, struct bam_kmod_unmap)
+
+#ifdef __cplusplus
+#define BAM_KMOD_STATIC_ASSERT(c, m) static_assert(c, m)
+#else
+#define BAM_KMOD_STATIC_ASSERT(c, m) _Static_assert(c, m)
+#endif
+BAM_KMOD_STATIC_ASSERT(sizeof(struct bam_kmod_version) == 16, "bam_kmod_version is ABI");
+BAM_KMOD_STATIC_ASSERT(sizeof(struct bam_kmod_info) == 64, "bam_kmod_info is ABI");
+BAM_KMOD_STATIC_ASSERT(sizeof(struct bam_kmod_map_host) == 40, "bam_kmod_map_host is ABI");
+BAM_KMOD_STATIC_ASSERT(sizeof(struct bam_kmod_map_dmabuf) == 48, "bam_kmod_map_dmabuf is ABI");
+BAM_KMOD_STATIC_ASSERT(sizeof(struct bam_kmod_map_gpu) == 40, "bam_kmod_map_gpu is ABI");
+BAM_KMOD_STATIC_ASSERT(sizeof(struct bam_kmod_unmap) == 8, "bam_kmod_unmap is ABI");
+#undef BAM_KMOD_STATIC_ASSERT
+
+#endif /* BAM_KMOD_ABI_H */

@@ -1,0 +1,370 @@
+// SPDX-License-Identifier: MIT
+//! `bam::pci_transport`: a real (or QEMU-emulated) NVMe controller handed to
+//! the bam_nvme kernel module. Registers are BAR0 mapped into the process;
+//! DMA memory is pinned and mapped for this controller by the module, which
+//! returns one bus address per 4 KiB page (an IOVA when an IOMMU is on).
+//!
+//! Set-up, once per boot (see kernel_module/README.md):
+//!   sudo insmod kernel_module/bam_nvme.ko     # or modprobe after make install
+//!   sudo scripts/bind-nvme 0000:01:00.0       # -> /dev/bam-nvme0
+//!
+//! @code
+//!   auto t = std::make_shared<bam::pci_transport>("/dev/bam-nvme0");
+//!   bam::controller ctrl(t);                     // bring-up over BAR0
+//!   auto buf = t->alloc(1 << 20);                // pinned, DMA-mapped host memory
+//!   ctrl.read(1, 0, 8, *buf);
+//! @endcode
+//!
+//! Only the process that opened the device may use it; one process at a time
+//! per controller. A forked child inherits neither the registers nor the
+//! mappings. Closing (or dying) stops the controller and unpins everything.
+#pragma once
+
+#include <bam/error.hpp>
+#include <bam/kmod_abi.h>
+#include <bam/transport.hpp>
+
+#include <fcntl.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#if defined(__CUDACC__) || defined(BAM_WITH_CUDA_RUNTIME)
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#define BAM_PCI_TRANSPORT_CUDA 1
+#else
+#define BAM_PCI_TRANSPORT_CUDA 0
+#endif
+
+namespace bam {
+
+namespace detail {
+
+//! The open device file and its BAR0 mapping; shared by the transport and
+//! every region it mapped, so that a region may outlive the transport.
+class kmod_device {
+public:
+  explicit kmod_device(const std::string& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd_ < 0) {
+      const int e = errno;
+      throw_errno("cannot open " + path + ": " + open_hint(e), e, path);
+    }
+    try {
+      bam_kmod_version v{};
+      v.lib_abi_version = BAM_KMOD_ABI_VERSION;
+      if (::ioctl(fd_, BAM_KMOD_IOC_VERSION, &v) != 0)
+        throw_errno(path + " does not answer the bam_nvme VERSION ioctl: is it a bam_nvme device?",
+                    errno, path);
+      if (BAM_KMOD_ABI_VERSION < v.min_abi_version || BAM_KMOD_ABI_VERSION > v.abi_version) {
+        error_context c;
+        c.controller = path;
+        c.errnum = EPROTO;
+        throw error("bam_nvme module ABI " + std::to_string(v.min_abi_version) + ".." +
+                        std::to_string(v.abi_version) + " does not serve this library (ABI " +
+                        std::to_string(BAM_KMOD_ABI_VERSION) +
+                        "): rebuild and reload the module from this source tree "
+                        "(make -C kernel_module && rmmod bam_nvme && insmod kernel_module/bam_nvme.ko)",
+                    c);
+      }
+      if (::ioctl(fd_, BAM_KMOD_IOC_INFO, &info_) != 0)
+        throw_errno("bam_nvme INFO ioctl failed", errno, path);
+      bar_bytes_ = static_cast<std::size_t>(info_.bar0_size);
+      const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+      map_bytes_ = (bar_bytes_ + page - 1) / page * page;
+      void* p = ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+      if (p == MAP_FAILED) throw_errno("cannot mmap BAR0 of " + path, errno, path);
+      bar_ = static_cast<volatile unsigned char*>(p);
+    } catch (...) {
+      ::close(fd_);
+      throw;
+    }
+  }
+  ~kmod_device() {
+#if BAM_PCI_TRANSPORT_CUDA
+    if (bar_registered_) cudaHostUnregister(const_cast<unsigned char*>(bar_));
+#endif
+    ::munmap(const_cast<unsigned char*>(bar_), map_bytes_);
+    ::close(fd_); // the module stops the controller and unpins what is left
+  }
+  kmod_device(const kmod_device&) = delete;
+  kmod_device& operator=(const kmod_device&) = delete;
+
+  int fd() const noexcept { return fd_; }
+  const std::string& path() const noexcept { return path_; }
+  const bam_kmod_info& info() const noexcept { return info_; }
+  volatile unsigned char* bar() const noexcept { return bar_; }
+  std::size_t bar_bytes() const noexcept { return bar_bytes_; }
+  std::size_t bar_map_bytes() const noexcept { return map_bytes_; }
+
+  void unmap(std::uint64_t handle) const noexcept {
+    bam_kmod_unmap u{};
+    u.handle = handle;
+    (void)::ioctl(fd_, BAM_KMOD_IOC_UNMAP, &u);
+  }
+
+#if BAM_PCI_TRANSPORT_CUDA
+  bool bar_registered_ = false;
+  void* bar_device_ = nullptr;
+#endif
+
+private:
+  static std::string open_hint(int e) {
+    switch (e) {
+    case ENOENT:
+    case ENXIO:
+    case ENODEV:
+      return "no such bam_nvme device. Load the module (insmod kernel_module/bam_nvme.ko, or "
+             "modprobe bam_nvme after make -C kernel_module install) and hand it a controller "
+             "(scripts/bind-nvme <pci address>)";
+    case EACCES:
+      return "permission denied: install kernel_module/99-bam.rules (group bam) and join the group";
+    case EPERM:
+      return "opening a bam_nvme device needs CAP_SYS_RAWIO (run as root, or setcap "
+             "cap_sys_rawio+ep on the program)";
+    case EBUSY:
+      return "another process has this controller open (see /sys/class/bam-nvme/<dev>/owner_pid)";
+    default:
+      return "open failed";
+    }
+  }
+
+  std::string path_;
+  int fd_ = -1;
+  bam_kmod_info info_{};
+  volatile unsigned char* bar_ = nullptr;
+  std::size_t bar_bytes_ = 0;
+  std::size_t map_bytes_ = 0;
+};
+
+//! A mapping made by the module; UNMAPped when destroyed.
+class kmod_region : public dma_region {
+public:
+  kmod_region(std::shared_ptr<kmod_device> dev, std::uint64_t handle, void* vaddr,
+              std::size_t size, memory_kind kind, std::vector<std::uint64_t> bus)
+      : dma_region(vaddr, size, kind, std::move(bus)), dev_(std::move(dev)), handle_(handle) {}
+  ~kmod_region() override { dev_->unmap(handle_); }
+  std::uint64_t handle() const noexcept { return handle_; }
+
+private:
+  std::shared_ptr<kmod_device> dev_;
+  std::uint64_t handle_;
+};
+
+//! Anonymous memory that a fork() child does not inherit (MADV_DONTFORK), plus its mapping.
+class kmod_owned_region : public dma_region {
+public:
+  kmod_owned_region(std::unique_ptr<dma_region> m, void* mem, std::size_t bytes)
+      : dma_region(m->data(), m->size(), m->kind(), m->page_bus()), mapping_(std::move(m)),
+        mem_(mem), bytes_(bytes) {}
+  ~kmod_owned_region() override {
+    mapping_.reset();
+    ::munmap(mem_, bytes_);
+  }
+
+private:
+  std::unique_ptr<dma_region> mapping_;
+  void* mem_;
+  std::size_t bytes_;
+};
+
+} // namespace detail
+
+class pci_transport : public transport {
+public:
+  //! Open `/dev/bam-nvmeN`, check the module's ABI and map BAR0. Throws
+  //! `bam::error` saying what to do when the module or device is missing.
+  explicit pci_transport(const std::string& device = BAM_KMOD_DEVICE_PREFIX "0")
+      : dev_(std::make_shared<detail::kmod_device>(device)) {}
+
+  std::string name() const override { return dev_->path(); }
+
+  //! What the module reports: BAR size, PCI address, DMA mask, IOMMU.
+  const bam_kmod_info& info() const noexcept { return dev_->info(); }
+  bool iommu() const noexcept { return (dev_->info().flags & BAM_KMOD_INFO_IOMMU) != 0; }
+  //! "dddd:bb:dd.f"
+  std::string pci_address() const {
+    char buf[32];
+    const auto& i = dev_->info();
+    std::snprintf(buf, sizeof buf, "%04x:%02x:%02x.%x", i.pci_domain, i.pci_bus, i.pci_device,
+                  i.pci_function);
+    return buf;
+  }
+  //! The device file descriptor (for tests; do not close it).
+  int fd() const noexcept { return dev_->fd(); }
+
+  std::uint32_t read32(std::uint32_t offset) override { return *reg(offset); }
+  void write32(std::uint32_t offset, std::uint32_t value) override { *reg(offset) = value; }
+  volatile std::uint32_t* doorbell(std::uint32_t offset) override { return reg(offset); }
+
+  //! A GPU pointer to the doorbell: BAR0 registered with CUDA as I/O memory
+  //! (cudaHostRegisterIoMemory). nullptr without CUDA.
+  volatile std::uint32_t* device_doorbell(std::uint32_t offset) override {
+#if BAM_PCI_TRANSPORT_CUDA
+    (void)reg(offset); // bounds check
+    if (!dev_->bar_registered_) {
+      void* bar = const_cast<unsigned char*>(dev_->bar());
+      cudaError_t e = cudaHostRegister(bar, dev_->bar_map_bytes(),
+                                       cudaHostRegisterIoMemory | cudaHostRegisterMapped);
+      if (e != cudaSuccess)
+        throw error(std::string("cudaHostRegister(BAR0, cudaHostRegisterIoMemory) failed: ") +
+                        cudaGetErrorString(e) +
+                        " (the GPU cannot reach this controller's doorbells)",
+                    ctx(0));
+      e = cudaHostGetDevicePointer(&dev_->bar_device_, bar, 0);
+      if (e != cudaSuccess) {
+        cudaHostUnregister(bar);
+        throw error(std::string("cudaHostGetDevicePointer(BAR0) failed: ") + cudaGetErrorString(e),
+                    ctx(0));
+      }
+      dev_->bar_registered_ = true;
+    }
+    return reinterpret_cast<volatile std::uint32_t*>(static_cast<unsigned char*>(dev_->bar_device_) +
+                                                     offset);
+#else
+    (void)offset;
+    return nullptr;
+#endif
+  }
+
+  //! Pin and map `[ptr, ptr + size)`: host memory through MAP_HOST; GPU
+  //! memory (built with CUDA) through a dma-buf from
+  //! cuMemGetHandleForAddressRange, or nvidia_p2p when that is unavailable.
+  std::unique_ptr<dma_region> map(void* ptr, std::size_t size, memory_kind kind) override {
+    check_map_args(ptr, size);
+    if (kind == memory_kind::host) return map_host(ptr, size);
+    return map_device(ptr, size);
+  }
+
+  //! Zeroed, page-aligned host memory that a fork() child does not inherit.
+  std::unique_ptr<dma_region> alloc(std::size_t size) override {
+    const std::size_t bytes = round_up(size == 0 ? 1 : size);
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw_errno("allocating " + std::to_string(bytes) + " bytes of DMA memory", errno, name());
+    (void)::madvise(p, bytes, MADV_DONTFORK);
+    try {
+      return std::make_unique<detail::kmod_owned_region>(map_host(p, bytes), p, bytes);
+    } catch (...) {
+      ::munmap(p, bytes);
+      throw;
+    }
+  }
+
+  //! Map `[offset, offset + size)` of dma-buf `dmabuf_fd` for this controller.
+  //! `vaddr` is what the region reports as its data() (a CPU or GPU pointer to
+  //! the same bytes, or nullptr). The fd may be closed afterwards.
+  std::unique_ptr<dma_region> map_dmabuf(int dmabuf_fd, std::size_t offset, std::size_t size,
+                                         void* vaddr, memory_kind kind = memory_kind::device) {
+    bam_kmod_map_dmabuf req{};
+    std::vector<std::uint64_t> bus(size / dma_page_size);
+    req.fd = dmabuf_fd;
+    req.offset = offset;
+    req.length = size;
+    req.bus_addrs = reinterpret_cast<std::uintptr_t>(bus.data());
+    req.bus_addr_count = static_cast<std::uint32_t>(bus.size());
+    if (::ioctl(dev_->fd(), BAM_KMOD_IOC_MAP_DMABUF, &req) != 0)
+      throw_errno("mapping " + std::to_string(size) + " bytes of dma-buf fd " +
+                      std::to_string(dmabuf_fd) + " for the controller",
+                  errno, name());
+    return std::make_unique<detail::kmod_region>(dev_, req.handle, vaddr, size, kind, std::move(bus));
+  }
+
+  //! Map GPU memory through nvidia_p2p (needs bam_nvme_gpu.ko); 64 KiB aligned.
+  std::unique_ptr<dma_region> map_gpu(void* dptr, std::size_t size) {
+    bam_kmod_map_gpu req{};
+    std::vector<std::uint64_t> bus(size / dma_page_size);
+    req.vaddr = reinterpret_cast<std::uintptr_t>(dptr);
+    req.length = size;
+    req.bus_addrs = reinterpret_cast<std::uintptr_t>(bus.data());
+    req.bus_addr_count = static_cast<std::uint32_t>(bus.size());
+    if (::ioctl(dev_->fd(), BAM_KMOD_IOC_MAP_GPU, &req) != 0) {
+      const int e = errno;
+      throw_errno(e == EOPNOTSUPP
+                      ? "mapping GPU memory through nvidia_p2p: bam_nvme_gpu.ko is not loaded "
+                        "(build kernel_module with the NVIDIA driver source and modprobe bam_nvme_gpu)"
+                      : "mapping " + std::to_string(size) + " bytes of GPU memory through nvidia_p2p "
+                        "(64 KiB aligned cudaMalloc memory required)",
+                  e, name());
+    }
+    return std::make_unique<detail::kmod_region>(dev_, req.handle, dptr, size, memory_kind::device,
+                                                 std::move(bus));
+  }
+
+private:
+  volatile std::uint32_t* reg(std::uint32_t offset) const {
+    if (offset % 4 != 0 || std::size_t{offset} + 4 > dev_->bar_bytes()) {
+      error_context c = ctx(EINVAL);
+      throw error("register offset " + std::to_string(offset) + " outside BAR0 of " +
+                      std::to_string(dev_->bar_bytes()) + " bytes",
+                  c);
+    }
+    return reinterpret_cast<volatile std::uint32_t*>(dev_->bar() + offset);
+  }
+
+  error_context ctx(int errnum) const {
+    error_context c;
+    c.controller = name();
+    c.errnum = errnum;
+    return c;
+  }
+
+  std::unique_ptr<dma_region> map_host(void* ptr, std::size_t size) {
+    bam_kmod_map_host req{};
+    std::vector<std::uint64_t> bus(size / dma_page_size);
+    req.vaddr = reinterpret_cast<std::uintptr_t>(ptr);
+    req.length = size;
+    req.bus_addrs = reinterpret_cast<std::uintptr_t>(bus.data());
+    req.bus_addr_count = static_cast<std::uint32_t>(bus.size());
+    if (::ioctl(dev_->fd(), BAM_KMOD_IOC_MAP_HOST, &req) != 0)
+      throw_errno("pinning and mapping " + std::to_string(size) + " bytes of host memory", errno,
+                  name());
+    return std::make_unique<detail::kmod_region>(dev_, req.handle, ptr, size, memory_kind::host,
+                                                 std::move(bus));
+  }
+
+  std::unique_ptr<dma_region> map_device(void* ptr, std::size_t size) {
+#if BAM_PCI_TRANSPORT_CUDA
+    using get_handle_fn = CUresult (*)(void*, CUdeviceptr, size_t, CUmemRangeHandleType,
+                                       unsigned long long);
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+#if CUDART_VERSION >= 12050
+    cudaError_t e = cudaGetDriverEntryPointByVersion("cuMemGetHandleForAddressRange", &fn, 11070,
+                                                     cudaEnableDefault, &q);
+#else
+    cudaError_t e = cudaGetDriverEntryPoint("cuMemGetHandleForAddressRange", &fn,
+                                            cudaEnableDefault, &q);
+#endif
+    int dmabuf_fd = -1;
+    if (e == cudaSuccess && q == cudaDriverEntryPointSuccess && fn != nullptr &&
+        reinterpret_cast<get_handle_fn>(fn)(&dmabuf_fd, reinterpret_cast<CUdeviceptr>(ptr), size,
+                                            CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) == CUDA_SUCCESS) {
+      struct closer {
+        int fd;
+        ~closer() { ::close(fd); }
+      } c{dmabuf_fd};
+      return map_dmabuf(dmabuf_fd, 0, size, ptr, memory_kind::device);
+    }
+    // No dma-buf export (older driver, or a kernel without P2P dma-buf): nvidia_p2p.
+    return map_gpu(ptr, size);
+#else
+    (void)ptr;
+    (void)size;
+    throw error("mapping GPU memory needs a CUDA build (compile with nvcc or define "
+                "BAM_WITH_CUDA_RUNTIME and link cudart)",
+                ctx(ENOTSUP));
+#endif
+  }
+
+  std::shared_ptr<detail::kmod_device> dev_;
+};
+
+} // namespace bam

@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: MIT
+// The queue protocol under many concurrent submitters against a peer that
+// completes out of order: every command completes exactly once, to the thread
+// that submitted it, through queues of depth 2, 8 and 1024 with many
+// wrap-arounds; doorbells are batched; a silent peer yields a timeout.
+#include "loopback_controller.hpp"
+
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+using namespace bam;
+
+namespace {
+constexpr int submitters = 16;
+constexpr std::uint32_t commands_total = 100'000;
+
+struct outcome {
+  std::vector<std::atomic<std::uint32_t>> seen;
+  std::atomic<std::uint64_t> mismatched{0};
+  std::atomic<std::uint64_t> failed{0};
+  explicit outcome(std::size_t n) : seen(n) {}
+};
+
+void submit_all(const nvme::queue_pair_ref& q, outcome& out, int thread, std::uint32_t per_thread,
+                bool async_pairs) {
+  for (std::uint32_t i = 0; i < per_thread; i += async_pairs ? 2 : 1) {
+    // Each command carries a unique id in CDW12; the peer echoes a token of it.
+    const std::uint32_t id = static_cast<std::uint32_t>(thread) * per_thread + i;
+    nvme::command c = nvme::make_command(0x80);
+    c.cdw12 = id;
+    if (!async_pairs) {
+      std::uint32_t dw0 = 0;
+      const nvme::status st = q.execute(c, &dw0);
+      if (!st.ok()) {
+        out.failed.fetch_add(1);
+        continue;
+      }
+      if (dw0 != test::echo_token(c)) out.mismatched.fetch_add(1);
+      out.seen[id].fetch_add(1);
+    } else {
+      // Two commands in flight from one thread, waited in reverse order;
+      // their completions are delivered to records.
+      nvme::command c2 = c;
+      c2.cdw12 = id + 1;
+      std::uint64_t t1 = 0, t2 = 0;
+      nvme::completion_record r1, r2;
+      if (!q.submit(c, t1, r1).ok() || !q.submit(c2, t2, r2).ok()) {
+        out.failed.fetch_add(1);
+        continue;
+      }
+      std::uint32_t d1 = 0, d2 = 0;
+      const nvme::status s2 = q.wait(r2, &d2);
+      const nvme::status s1 = q.wait(r1, &d1);
+      if (!s1.ok() || !s2.ok()) {
+        out.failed.fetch_add(1);
+        continue;
+      }
+      if (d1 != test::echo_token(c) || d2 != test::echo_token(c2)) out.mismatched.fetch_add(1);
+      out.seen[id].fetch_add(1);
+      out.seen[id + 1].fetch_add(1);
+    }
+  }
+}
+} // namespace
+
+TEST_CASE("queue protocol: 16 threads, 100,000 commands, every one completed exactly once",
+          "[queue][stress]") {
+  const std::uint32_t depth = GENERATE(2u, 8u, 1024u);
+  const bool async_pairs = GENERATE(false, true);
+  CAPTURE(depth, async_pairs);
+  test::loopback_controller peer(depth, depth * 7 + async_pairs);
+  auto q = peer.queue();
+  q.timeout_ns = 60'000'000'000ull; // generous under ThreadSanitizer on 2 cores
+  const std::uint32_t per_thread = commands_total / submitters;
+  outcome out(static_cast<std::size_t>(per_thread) * submitters);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < submitters; ++t)
+    threads.emplace_back([&, t] { submit_all(q, out, t, per_thread, async_pairs); });
+  for (auto& t : threads) t.join();
+
+  CHECK(out.failed.load() == 0);
+  CHECK(out.mismatched.load() == 0);
+  std::size_t not_once = 0;
+  for (auto& s : out.seen) not_once += s.load() != 1;
+  CHECK(not_once == 0);
+  CHECK(peer.completed() == static_cast<std::uint64_t>(per_thread) * submitters);
+  CHECK(peer.overruns() == 0);
+  const auto* counters = q.counters;
+  CHECK(counters->submitted == static_cast<std::uint64_t>(per_thread) * submitters);
+  // Wrap-arounds: the SQ was reused thousands of times.
+  CHECK(counters->sq_tail / depth >= commands_total / depth - 1);
+  CHECK(counters->cq_head == static_cast<std::uint64_t>(per_thread) * submitters);
+  CHECK_FALSE(q.broken());
+  if (depth == 1024) {
+    // Contiguous ready slots share a doorbell write.
+    CHECK(counters->doorbells < counters->submitted);
+  }
+}
+
+TEST_CASE("queue protocol: error statuses reach the submitter of that command", "[queue]") {
+  test::loopback_controller peer(64, 3);
+  peer.fail_tokens_with_bit(1u << 4);
+  auto q = peer.queue();
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([&, t] {
+      for (std::uint32_t i = 0; i < 2000; ++i) {
+        nvme::command c = nvme::make_command(0x80);
+        c.cdw12 = static_cast<std::uint32_t>(t) * 2000 + i;
+        const bool should_fail = (test::echo_token(c) & (1u << 4)) != 0;
+        const nvme::status st = q.execute(c);
+        const bool failed = st.sct() == nvme::status_type::media_error &&
+                            st.sc() == nvme::media_status::unrecovered_read_error;
+        if (failed != should_fail || (!failed && !st.ok())) wrong.fetch_add(1);
+      }
+    });
+  for (auto& t : threads) t.join();
+  CHECK(wrong.load() == 0);
+}
+
+TEST_CASE("queue protocol: a peer that stops answering gives a timeout, then a broken queue",
+          "[queue][timeout]") {
+  test::loopback_controller peer(8, 5);
+  auto q = peer.queue();
+  q.timeout_ns = 200'000'000; // 200 ms
+  nvme::command c = nvme::make_command(0x80);
+  REQUIRE(q.execute(c).ok());
+  peer.stop_answering(true);
+  const auto t0 = std::chrono::steady_clock::now();
+  const nvme::status st = q.execute(c);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  CHECK(st == nvme::status_timeout);
+  CHECK(waited >= std::chrono::milliseconds(200));
+  CHECK(waited < std::chrono::seconds(5));
+  CHECK(q.broken());
+  // Later calls fail at once instead of waiting again.
+  const auto t1 = std::chrono::steady_clock::now();
+  CHECK(q.execute(c) == nvme::status_queue_broken);
+  CHECK(std::chrono::steady_clock::now() - t1 < std::chrono::milliseconds(100));
+}
+
+TEST_CASE("queue protocol: many threads time out together without hanging", "[queue][timeout]") {
+  test::loopback_controller peer(16, 9);
+  peer.stop_answering(true);
+  auto q = peer.queue();
+  q.timeout_ns = 100'000'000;
+  std::atomic<int> non_error{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 32; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 4; ++i) {
+        const nvme::status st = q.execute(nvme::make_command(0x80));
+        if (st.ok()) non_error.fetch_add(1);
+      }
+    });
+  for (auto& t : threads) t.join();
+  CHECK(non_error.load() == 0);
+  CHECK(q.broken());
+}
