@@ -49,8 +49,8 @@ namespace bam::emu {
 
 //! One namespace (NSIDs are 1, 2, ... in order).
 struct namespace_config {
-  std::uint64_t blocks = 0;      //!< logical blocks
-  std::uint32_t lba_size = 512;  //!< bytes per block: a power of two, 512 to 65536
+  std::uint64_t blocks = 0;       //!< logical blocks
+  std::uint32_t lba_size = 512;   //!< bytes per block: a power of two, 512 to 65536
   std::shared_ptr<media> backing; //!< null: RAM of blocks * lba_size bytes
 };
 
@@ -210,7 +210,8 @@ public:
 private:
   static std::vector<std::uint64_t> page_list(std::uint64_t bus, std::size_t size) {
     std::vector<std::uint64_t> pages(size / dma_page_size);
-    for (std::size_t i = 0; i < pages.size(); ++i) pages[i] = bus + i * dma_page_size;
+    for (std::size_t i = 0; i < pages.size(); ++i)
+      pages[i] = bus + i * dma_page_size;
     return pages;
   }
   std::shared_ptr<dma_table> table_;
@@ -252,7 +253,8 @@ public:
     sqs_.resize(cfg_.max_io_queues + 1);
     cqs_.resize(cfg_.max_io_queues + 1);
     processed_ = std::make_unique<std::atomic<std::uint64_t>[]>(cfg_.max_io_queues + 1);
-    for (std::uint32_t i = 0; i <= cfg_.max_io_queues; ++i) processed_[i].store(0);
+    for (std::uint32_t i = 0; i <= cfg_.max_io_queues; ++i)
+      processed_[i].store(0);
 
     admin_engine_ = std::make_unique<cpu_engine>(1, cfg_.name + "-a");
     if (cfg_.io_engine) {
@@ -364,15 +366,16 @@ public:
   //! Commands fetched from all queues / from SQ `qid` (dropped ones included).
   std::uint64_t commands_processed() const {
     std::uint64_t n = 0;
-    for (std::uint32_t i = 0; i <= cfg_.max_io_queues; ++i) n += processed_[i].load();
+    for (std::uint32_t i = 0; i <= cfg_.max_io_queues; ++i)
+      n += processed_[i].load();
     return n;
   }
   std::uint64_t commands_processed(std::uint16_t qid) const {
     return qid <= cfg_.max_io_queues ? processed_[qid].load() : 0;
   }
   controller_counters counters() const {
-    return {units_read_.load(), units_written_.load(), host_reads_.load(), host_writes_.load(),
-            media_errors_.load(), error_count_.load()};
+    return {units_read_.load(),  units_written_.load(), host_reads_.load(),
+            host_writes_.load(), media_errors_.load(),  error_count_.load()};
   }
   std::uint32_t namespace_count() const { return static_cast<std::uint32_t>(ns_.size()); }
   //! The media of namespace `nsid` (1-based), e.g. to preload or inspect data.
@@ -509,9 +512,10 @@ private:
     const std::uint32_t acq_entries = aqa_.bits.acqs + 1;
     void* sq = nullptr;
     void* cq = nullptr;
-    const bool ok = cc.bits.iosqes == nvme::sq_entry_log2 && cc.bits.iocqes == nvme::cq_entry_log2 &&
-                    cc.bits.mps == 0 && cc.bits.css == 0 && cc.bits.ams == 0 && asq_entries >= 2 &&
-                    acq_entries >= 2 && asq_ % dma_page_size == 0 && acq_ % dma_page_size == 0 &&
+    const bool ok = cc.bits.iosqes == nvme::sq_entry_log2 &&
+                    cc.bits.iocqes == nvme::cq_entry_log2 && cc.bits.mps == 0 && cc.bits.css == 0 &&
+                    cc.bits.ams == 0 && asq_entries >= 2 && acq_entries >= 2 &&
+                    asq_ % dma_page_size == 0 && acq_ % dma_page_size == 0 &&
                     (sq = dma_->translate(asq_, asq_entries * sizeof(nvme::command))) != nullptr &&
                     (cq = dma_->translate(acq_, acq_entries * sizeof(nvme::completion))) != nullptr;
     if (!ok) {
@@ -544,8 +548,10 @@ private:
     io_engine_->reset();
     {
       std::lock_guard lock(queues_mutex_);
-      for (auto& s : sqs_) s.reset();
-      for (auto& c : cqs_) c.reset();
+      for (auto& s : sqs_)
+        s.reset();
+      for (auto& c : cqs_)
+        c.reset();
       allocated_queues_.reset();
       async_events_ = 0;
     }
@@ -559,7 +565,8 @@ private:
 
   void shutdown(bool normal) {
     if (normal) {
-      for (auto& n : ns_) n.backing->flush();
+      for (auto& n : ns_)
+        n.backing->flush();
     }
     csts_.bits.shst = static_cast<std::uint32_t>(nvme::shutdown_status::complete);
   }
@@ -579,7 +586,8 @@ private:
     auto segment = [&](std::uint64_t bus, std::uint64_t len) {
       void* p = dma_->translate(bus, len);
       if (p == nullptr) return false;
-      if (!segs.empty() && static_cast<unsigned char*>(segs.back().iov_base) + segs.back().iov_len == p)
+      if (!segs.empty() &&
+          static_cast<unsigned char*>(segs.back().iov_base) + segs.back().iov_len == p)
         segs.back().iov_len += len; // contiguous in virtual memory too: merge
       else
         segs.push_back({p, len});
@@ -641,7 +649,7 @@ private:
       if (!lba_range_ok(ns, slba, nlb)) return detail::generic(generic_status::lba_out_of_range);
       const std::uint64_t off = slba << ns.lba_shift, len = nlb << ns.lba_shift;
       const int err = (cmd.cdw12 & detail::write_zeroes_deac) ? ns.backing->deallocate(off, len)
-                                                                : ns.backing->write_zeroes(off, len);
+                                                              : ns.backing->write_zeroes(off, len);
       return err == 0 ? nvme::status_success : media_failure(false);
     }
     case op::dataset_management: return dataset_management(ns, cmd);
@@ -696,8 +704,8 @@ private:
         return detail::generic(nvme::generic_status::lba_out_of_range);
     for (const auto& r : ranges) {
       if (r.nblocks == 0) continue;
-      if (ns.backing->deallocate(r.slba << ns.lba_shift,
-                                 static_cast<std::uint64_t>(r.nblocks) << ns.lba_shift) != 0)
+      if (ns.backing->deallocate(r.slba << ns.lba_shift, static_cast<std::uint64_t>(r.nblocks)
+                                                             << ns.lba_shift) != 0)
         return media_failure(false);
     }
     return nvme::status_success;
@@ -803,8 +811,10 @@ private:
 
   nvme::status features(const nvme::command& cmd, bool set, std::uint32_t& dw0) {
     using nvme::feature_id;
-    const std::uint32_t select = (cmd.cdw10 >> detail::features_select_shift) & detail::features_select_mask;
-    if (!set && select > 1) return detail::generic(nvme::generic_status::invalid_field); // current/default only
+    const std::uint32_t select =
+        (cmd.cdw10 >> detail::features_select_shift) & detail::features_select_mask;
+    if (!set && select > 1)
+      return detail::generic(nvme::generic_status::invalid_field); // current/default only
     switch (static_cast<feature_id>(cmd.cdw10 & 0xffu)) {
     case feature_id::number_of_queues: {
       std::lock_guard lock(queues_mutex_);
@@ -838,11 +848,16 @@ private:
     const std::uint32_t qid = cmd.cdw10 & 0xffffu;
     const std::uint32_t entries = (cmd.cdw10 >> 16) + 1;
     std::lock_guard lock(queues_mutex_);
-    const std::uint32_t limit = allocated_queues_ ? allocated_queues_->second + 1 : cfg_.max_io_queues;
-    if (qid == 0 || qid > limit || cqs_[qid]) return detail::specific(css::invalid_queue_identifier);
-    if (entries < 2 || entries > cfg_.max_queue_entries) return detail::specific(css::invalid_queue_size);
-    if ((cmd.cdw11 & 1u) == 0) return detail::generic(nvme::generic_status::invalid_field); // CAP.CQR
-    if (cmd.prp1 % dma_page_size != 0) return detail::generic(nvme::generic_status::invalid_prp_offset);
+    const std::uint32_t limit =
+        allocated_queues_ ? allocated_queues_->second + 1 : cfg_.max_io_queues;
+    if (qid == 0 || qid > limit || cqs_[qid])
+      return detail::specific(css::invalid_queue_identifier);
+    if (entries < 2 || entries > cfg_.max_queue_entries)
+      return detail::specific(css::invalid_queue_size);
+    if ((cmd.cdw11 & 1u) == 0)
+      return detail::generic(nvme::generic_status::invalid_field); // CAP.CQR
+    if (cmd.prp1 % dma_page_size != 0)
+      return detail::generic(nvme::generic_status::invalid_prp_offset);
     void* ring = dma_->translate(cmd.prp1, std::uint64_t{entries} * sizeof(nvme::completion));
     if (ring == nullptr) return detail::generic(nvme::generic_status::data_transfer_error);
     auto st = std::make_unique<cq_state>();
@@ -866,11 +881,13 @@ private:
       std::lock_guard lock(queues_mutex_);
       if (qid == 0 || qid > queue_id_limit() || sqs_[qid])
         return detail::specific(css::invalid_queue_identifier);
-      if (entries < 2 || entries > cfg_.max_queue_entries) return detail::specific(css::invalid_queue_size);
+      if (entries < 2 || entries > cfg_.max_queue_entries)
+        return detail::specific(css::invalid_queue_size);
       if ((cmd.cdw11 & 1u) == 0) return detail::generic(nvme::generic_status::invalid_field);
       if (cqid == 0 || cqid > cfg_.max_io_queues || !cqs_[cqid])
         return detail::specific(css::invalid_completion_queue);
-      if (cmd.prp1 % dma_page_size != 0) return detail::generic(nvme::generic_status::invalid_prp_offset);
+      if (cmd.prp1 % dma_page_size != 0)
+        return detail::generic(nvme::generic_status::invalid_prp_offset);
       void* ring = dma_->translate(cmd.prp1, std::uint64_t{entries} * sizeof(nvme::command));
       if (ring == nullptr) return detail::generic(nvme::generic_status::data_transfer_error);
       sqs_[qid] = io_sq{static_cast<std::uint16_t>(cqid), entries};
@@ -926,7 +943,8 @@ private:
       std::lock_guard lock(error_mutex_);
       std::size_t i = 0;
       for (auto it = error_log_.rbegin(); it != error_log_.rend(); ++it, ++i) // newest first
-        std::memcpy(log.data() + i * sizeof(nvme_error_log_page), &*it, sizeof(nvme_error_log_page));
+        std::memcpy(log.data() + i * sizeof(nvme_error_log_page), &*it,
+                    sizeof(nvme_error_log_page));
       break;
     }
     case nvme::log_page_id::smart_health: {
@@ -938,7 +956,8 @@ private:
       s->spare_thresh = 10;
       const controller_counters c = counters();
       constexpr std::uint64_t units_per_data_unit = 1000; // "thousands of 512 bytes", rounded up
-      detail::set_u128(s->data_units_read, (c.data_units_read + units_per_data_unit - 1) / units_per_data_unit);
+      detail::set_u128(s->data_units_read,
+                       (c.data_units_read + units_per_data_unit - 1) / units_per_data_unit);
       detail::set_u128(s->data_units_written,
                        (c.data_units_written + units_per_data_unit - 1) / units_per_data_unit);
       detail::set_u128(s->host_reads, c.host_reads);
@@ -962,7 +981,8 @@ private:
     if (offset % 4 != 0 || offset >= log.size())
       return detail::generic(nvme::generic_status::invalid_field);
     std::vector<unsigned char> out(bytes, 0); // past the end of the log: zeroes
-    std::memcpy(out.data(), log.data() + offset, std::min<std::uint64_t>(bytes, log.size() - offset));
+    std::memcpy(out.data(), log.data() + offset,
+                std::min<std::uint64_t>(bytes, log.size() - offset));
     return copy_to_host(cmd, out.data(), out.size());
   }
 
@@ -1029,9 +1049,8 @@ inline std::shared_ptr<controller> make_controller(controller_config cfg) {
 }
 
 //! A controller with one RAM namespace of `bytes` bytes (rounded down to whole blocks).
-inline std::shared_ptr<controller> make_ram_controller(std::uint64_t bytes,
-                                                       std::uint32_t lba_size = 512,
-                                                       controller_config cfg = {}) {
+inline std::shared_ptr<controller>
+make_ram_controller(std::uint64_t bytes, std::uint32_t lba_size = 512, controller_config cfg = {}) {
   cfg.namespaces.push_back({bytes / lba_size, lba_size, nullptr});
   return make_controller(std::move(cfg));
 }

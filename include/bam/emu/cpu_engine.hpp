@@ -46,7 +46,8 @@ public:
   //! Start `threads` (at least 1) polling threads, named "bam-<name>-<i>".
   explicit cpu_engine(std::uint32_t threads, const std::string& name = "emu") {
     const std::uint32_t n = std::max<std::uint32_t>(threads, 1);
-    for (std::uint32_t i = 0; i < n; ++i) workers_.push_back(std::make_unique<worker>());
+    for (std::uint32_t i = 0; i < n; ++i)
+      workers_.push_back(std::make_unique<worker>());
     for (std::uint32_t i = 0; i < n; ++i) {
       worker* w = workers_[i].get();
       w->thread = std::thread([this, w] { run(*w); });
@@ -56,7 +57,8 @@ public:
   }
   ~cpu_engine() override {
     stop_.store(true, std::memory_order_release);
-    for (auto& w : workers_) w->thread.join();
+    for (auto& w : workers_)
+      w->thread.join();
   }
   cpu_engine(const cpu_engine&) = delete;
   cpu_engine& operator=(const cpu_engine&) = delete;
@@ -196,8 +198,8 @@ private:
           next_due = std::min(next_due, now + out.delay_ns);
           continue;
         }
-        detail::post_completion(cq, q.qid, static_cast<std::uint16_t>(sq.head), cmd.cid,
-                                out.status, out.dw0);
+        detail::post_completion(cq, q.qid, static_cast<std::uint16_t>(sq.head), cmd.cid, out.status,
+                                out.dw0);
       }
     }
     return progressed;

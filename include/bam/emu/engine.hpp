@@ -37,9 +37,9 @@ namespace bam::emu {
 
 //! The result of processing one fetched command.
 struct command_outcome {
-  nvme::status status;     //!< completion status
-  std::uint32_t dw0 = 0;   //!< completion dword 0
-  bool drop = false;       //!< never complete it (fault injection)
+  nvme::status status;        //!< completion status
+  std::uint32_t dw0 = 0;      //!< completion dword 0
+  bool drop = false;          //!< never complete it (fault injection)
   std::uint64_t delay_ns = 0; //!< post the completion this much later
 };
 
@@ -58,14 +58,14 @@ struct cq_state {
 
 //! One submission queue as an engine sees it.
 struct queue_info {
-  std::uint16_t qid = 0;                 //!< SQ id (0: admin)
-  nvme::command* sq = nullptr;           //!< SQ entries (virtual address)
+  std::uint16_t qid = 0;       //!< SQ id (0: admin)
+  nvme::command* sq = nullptr; //!< SQ entries (virtual address)
   std::uint32_t sq_depth = 0;
   std::uint32_t* sq_tail_doorbell = nullptr; //!< in the register file
-  cq_state* cq = nullptr;                //!< its completion queue
-  std::uint64_t sq_bus = 0;              //!< bus addresses the host gave
+  cq_state* cq = nullptr;                    //!< its completion queue
+  std::uint64_t sq_bus = 0;                  //!< bus addresses the host gave
   std::uint64_t cq_bus = 0;
-  std::uint64_t ready_at_ns = 0;         //!< do not fetch before (bam::detail::now_ns clock)
+  std::uint64_t ready_at_ns = 0; //!< do not fetch before (bam::detail::now_ns clock)
   //! Process one fetched command (fault rules, execution, statistics). Any thread.
   std::function<command_outcome(const nvme::command&)> process;
 };

@@ -9,8 +9,8 @@
 //!   r.lba_first = 100; r.lba_last = 199;       // reads touching LBAs 100..199
 //!   r.skip = 2; r.count = 1;                    // the third such read, once
 //!   r.action = bam::emu::fault_action::fail;
-//!   r.status = {bam::nvme::status_type::media_error, bam::nvme::media_status::unrecovered_read_error};
-//!   auto id = ctrl->faults().add(r);
+//!   r.status = {bam::nvme::status_type::media_error,
+//!   bam::nvme::media_status::unrecovered_read_error}; auto id = ctrl->faults().add(r);
 //!   ...
 //!   REQUIRE(ctrl->faults().fired(id) == 1);
 //! @endcode
@@ -36,9 +36,9 @@ enum class fault_action : std::uint8_t {
 
 //! Which commands a rule matches, and what it then does. Empty fields match anything.
 struct fault_rule {
-  bool admin = false;                  //!< match admin commands (queue 0) instead of NVM ones
-  std::optional<std::uint8_t> opcode;  //!< opcode within that command set
-  std::optional<std::uint16_t> qid;    //!< submission queue id
+  bool admin = false;                 //!< match admin commands (queue 0) instead of NVM ones
+  std::optional<std::uint8_t> opcode; //!< opcode within that command set
+  std::optional<std::uint16_t> qid;   //!< submission queue id
   //! Inclusive LBA range a Read/Write/Write Zeroes must overlap. A rule with a
   //! narrowed range never matches commands that carry no LBA.
   std::uint64_t lba_first = 0;
@@ -96,8 +96,12 @@ public:
   }
 
   //! Latency added to every completion, admin and I/O (0: none).
-  void set_global_latency_ns(std::uint64_t ns) { global_latency_ns_.store(ns, std::memory_order_relaxed); }
-  std::uint64_t global_latency_ns() const { return global_latency_ns_.load(std::memory_order_relaxed); }
+  void set_global_latency_ns(std::uint64_t ns) {
+    global_latency_ns_.store(ns, std::memory_order_relaxed);
+  }
+  std::uint64_t global_latency_ns() const {
+    return global_latency_ns_.load(std::memory_order_relaxed);
+  }
 
   //! Check `cmd`, fetched from submission queue `qid`, against the rules.
   fault_decision check(const nvme::command& cmd, std::uint16_t qid) {
@@ -138,7 +142,8 @@ private:
     if (r.admin != is_admin) return false;
     if (r.opcode && *r.opcode != cmd.opcode) return false;
     if (r.qid && *r.qid != qid) return false;
-    const bool whole_range = r.lba_first == 0 && r.lba_last == std::numeric_limits<std::uint64_t>::max();
+    const bool whole_range =
+        r.lba_first == 0 && r.lba_last == std::numeric_limits<std::uint64_t>::max();
     if (whole_range) return true;
     if (is_admin || !carries_lba(cmd.opcode)) return false;
     const std::uint64_t first = nvme::command_slba(cmd);

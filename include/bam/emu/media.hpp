@@ -69,7 +69,9 @@ public:
   //! Set `[offset, offset + len)` to zeroes.
   virtual int write_zeroes(std::uint64_t offset, std::uint64_t len) = 0;
   //! Drop `[offset, offset + len)`: it reads back as zeroes afterwards.
-  virtual int deallocate(std::uint64_t offset, std::uint64_t len) { return write_zeroes(offset, len); }
+  virtual int deallocate(std::uint64_t offset, std::uint64_t len) {
+    return write_zeroes(offset, len);
+  }
 
   //! Single-buffer conveniences.
   int read(std::uint64_t offset, void* dst, std::size_t len) {
@@ -96,7 +98,8 @@ inline std::uint64_t align_up(std::uint64_t v, std::uint64_t a) { return (v + a 
 
 inline std::size_t total_bytes(std::span<const iovec> segs) {
   std::size_t n = 0;
-  for (const auto& s : segs) n += s.iov_len;
+  for (const auto& s : segs)
+    n += s.iov_len;
   return n;
 }
 
@@ -167,7 +170,8 @@ public:
   uring_pool(const uring_pool&) = delete;
   uring_pool& operator=(const uring_pool&) = delete;
   ~uring_pool() {
-    for (auto& r : free_) io_uring_queue_exit(r.get());
+    for (auto& r : free_)
+      io_uring_queue_exit(r.get());
   }
 
   //! A ring, or nullptr if io_uring cannot be used here (then never again).
@@ -303,7 +307,8 @@ private:
 //! A regular file or a block device. O_DIRECT through io_uring when possible.
 class fd_media final : public media {
 public:
-  fd_media(const std::string& path, std::uint64_t bytes, bool create, bool block_device)
+  fd_media(const std::string& path, std::uint64_t bytes, bool create, bool block_device,
+           bool direct)
       : path_(path), block_(block_device) {
     const int flags = O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0);
     buffered_fd_ = ::open(path.c_str(), flags, 0644);
@@ -342,8 +347,8 @@ public:
         c.errnum = EINVAL;
         throw error("media " + path + " is empty", c);
       }
-      // O_DIRECT is refused by some file systems (tmpfs): then stay buffered.
-      direct_fd_ = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_DIRECT);
+      // O_DIRECT is refused by some file systems (tmpfs before Linux 6.6): then stay buffered.
+      if (direct) direct_fd_ = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_DIRECT);
     } catch (...) {
       ::close(buffered_fd_);
       throw;
@@ -488,7 +493,8 @@ private:
     static const std::vector<unsigned char> zeroes(zero_chunk_bytes, 0);
     while (len > 0) {
       const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(len, zeroes.size()));
-      if (int err = posix_io(buffered_fd_, true, offset, const_cast<unsigned char*>(zeroes.data()), n))
+      if (int err =
+              posix_io(buffered_fd_, true, offset, const_cast<unsigned char*>(zeroes.data()), n))
         return err;
       offset += n;
       len -= n;
@@ -519,15 +525,17 @@ inline std::shared_ptr<media> make_ram_media(std::uint64_t bytes) {
 }
 
 //! A regular file of `bytes` bytes (0: the file's current size). With
-//! `create`, the file is created if missing; it is extended to `bytes`.
+//! `create`, the file is created if missing; it is extended to `bytes`
+//! (rounded up to 4 KiB). `direct = false` skips O_DIRECT (page-cache I/O).
 inline std::shared_ptr<media> make_file_media(const std::string& path, std::uint64_t bytes,
-                                              bool create = true) {
-  return std::make_shared<detail::fd_media>(path, bytes, create, false);
+                                              bool create = true, bool direct = true) {
+  return std::make_shared<detail::fd_media>(path, bytes, create, false, direct);
 }
 
 //! A block device, all of it (or its first `bytes` bytes). Its data is overwritten by writes.
-inline std::shared_ptr<media> make_block_media(const std::string& path, std::uint64_t bytes = 0) {
-  return std::make_shared<detail::fd_media>(path, bytes, false, true);
+inline std::shared_ptr<media> make_block_media(const std::string& path, std::uint64_t bytes = 0,
+                                               bool direct = true) {
+  return std::make_shared<detail::fd_media>(path, bytes, false, true, direct);
 }
 
 } // namespace bam::emu
