@@ -338,6 +338,10 @@ private:
     queue_resources q;
     const std::size_t bytes = cq_offset(depth) + transport::round_up(sizeof(nvme::completion) * depth);
     q.rings = qid == 0 ? transport_->alloc(bytes) : opts_.ring_alloc(*transport_, bytes);
+    // Queues are created physically contiguous (PC=1; CAP.CQR may demand it):
+    // each ring must be one run of bus addresses.
+    check_contiguous(*q.rings, 0, cq_offset(depth), qid, "submission");
+    check_contiguous(*q.rings, cq_offset(depth), bytes - cq_offset(depth), qid, "completion");
     const std::size_t state_bytes = nvme::queue_state_bytes(depth);
     q.state = qid == 0 ? host_state_alloc(state_bytes) : opts_.state_alloc(state_bytes);
     if (q.state == nullptr) throw_errno("allocating queue state", ENOMEM, name_);
@@ -365,6 +369,24 @@ private:
     // The state block may be device memory: compute pointers without touching it.
     r.attach_state(q.state);
     return q;
+  }
+
+  void check_contiguous(const dma_region& r, std::size_t offset, std::size_t bytes, std::uint16_t qid,
+                        const char* which) const {
+    const auto& bus = r.page_bus();
+    const std::size_t first = offset / dma_page_size, pages = (bytes + dma_page_size - 1) / dma_page_size;
+    for (std::size_t i = 1; i < pages; ++i) {
+      if (bus[first + i] != bus[first] + i * dma_page_size) {
+        error_context c;
+        c.controller = name_;
+        c.queue = qid;
+        throw error(std::string(which) + " queue memory is not contiguous in bus address space (page " +
+                        std::to_string(i) + " of " + std::to_string(pages) +
+                        "): queues are created physically contiguous; allocate them with "
+                        "transport::alloc or a ring_alloc that returns contiguous memory",
+                    c);
+      }
+    }
   }
 
   void release_queues() {

@@ -121,7 +121,27 @@ struct bam_kmod_map_gpu {
   __u64 handle;         /* out */
 };
 
-/* BAM_KMOD_IOC_UNMAP: undo one MAP_*. -EINVAL for an unknown handle. */
+/*
+ * BAM_KMOD_IOC_ALLOC: allocate DMA-coherent memory for this controller
+ * (dma_alloc_coherent): zeroed and contiguous in bus address space, as NVMe
+ * queues created with PC=1 need (pinned user pages are contiguous only behind
+ * an IOMMU). Map it into the process with
+ * mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, mmap_offset).
+ * It is freed when both UNMAP(handle) (or close) and munmap have happened.
+ * Errors: -EINVAL (zero/unaligned length, nonzero flags), -E2BIG (length >
+ * BAM_KMOD_MAX_ALLOC_BYTES), -ENOMEM.
+ */
+struct bam_kmod_alloc {
+  __u64 length;      /* in: bytes, nonzero multiple of 4 KiB */
+  __u32 flags;       /* in: zero */
+  __u32 pad;         /* in: zero */
+  __u64 handle;      /* out: pass to UNMAP */
+  __u64 bus_addr;    /* out: bus address of byte 0; byte i is at bus_addr + i */
+  __u64 mmap_offset; /* out: the mmap() offset of this memory */
+};
+#define BAM_KMOD_MAX_ALLOC_BYTES (4u << 20)
+
+/* BAM_KMOD_IOC_UNMAP: undo one MAP_* or ALLOC. -EINVAL for an unknown handle. */
 struct bam_kmod_unmap {
   __u64 handle; /* in */
 };
@@ -132,6 +152,7 @@ struct bam_kmod_unmap {
 #define BAM_KMOD_IOC_MAP_DMABUF _IOWR(BAM_KMOD_IOC_MAGIC, 0x03, struct bam_kmod_map_dmabuf)
 #define BAM_KMOD_IOC_MAP_GPU _IOWR(BAM_KMOD_IOC_MAGIC, 0x04, struct bam_kmod_map_gpu)
 #define BAM_KMOD_IOC_UNMAP _IOW(BAM_KMOD_IOC_MAGIC, 0x05, struct bam_kmod_unmap)
+#define BAM_KMOD_IOC_ALLOC _IOWR(BAM_KMOD_IOC_MAGIC, 0x06, struct bam_kmod_alloc)
 
 #ifdef __cplusplus
 #define BAM_KMOD_STATIC_ASSERT(c, m) static_assert(c, m)
@@ -144,6 +165,7 @@ BAM_KMOD_STATIC_ASSERT(sizeof(struct bam_kmod_map_host) == 40, "bam_kmod_map_hos
 BAM_KMOD_STATIC_ASSERT(sizeof(struct bam_kmod_map_dmabuf) == 48, "bam_kmod_map_dmabuf is ABI");
 BAM_KMOD_STATIC_ASSERT(sizeof(struct bam_kmod_map_gpu) == 40, "bam_kmod_map_gpu is ABI");
 BAM_KMOD_STATIC_ASSERT(sizeof(struct bam_kmod_unmap) == 8, "bam_kmod_unmap is ABI");
+BAM_KMOD_STATIC_ASSERT(sizeof(struct bam_kmod_alloc) == 40, "bam_kmod_alloc is ABI");
 #undef BAM_KMOD_STATIC_ASSERT
 
 #endif /* BAM_KMOD_ABI_H */

@@ -68,12 +68,13 @@ public:
         error_context c;
         c.controller = path;
         c.errnum = EPROTO;
-        throw error("bam_nvme module ABI " + std::to_string(v.min_abi_version) + ".." +
-                        std::to_string(v.abi_version) + " does not serve this library (ABI " +
-                        std::to_string(BAM_KMOD_ABI_VERSION) +
-                        "): rebuild and reload the module from this source tree "
-                        "(make -C kernel_module && rmmod bam_nvme && insmod kernel_module/bam_nvme.ko)",
-                    c);
+        throw error(
+            "bam_nvme module ABI " + std::to_string(v.min_abi_version) + ".." +
+                std::to_string(v.abi_version) + " does not serve this library (ABI " +
+                std::to_string(BAM_KMOD_ABI_VERSION) +
+                "): rebuild and reload the module from this source tree "
+                "(make -C kernel_module && rmmod bam_nvme && insmod kernel_module/bam_nvme.ko)",
+            c);
       }
       if (::ioctl(fd_, BAM_KMOD_IOC_INFO, &info_) != 0)
         throw_errno("bam_nvme INFO ioctl failed", errno, path);
@@ -132,8 +133,7 @@ private:
              "cap_sys_rawio+ep on the program)";
     case EBUSY:
       return "another process has this controller open (see /sys/class/bam-nvme/<dev>/owner_pid)";
-    default:
-      return "open failed";
+    default: return "open failed";
     }
   }
 
@@ -148,11 +148,28 @@ private:
 //! A mapping made by the module; UNMAPped when destroyed.
 class kmod_region : public dma_region {
 public:
-  kmod_region(std::shared_ptr<kmod_device> dev, std::uint64_t handle, void* vaddr,
-              std::size_t size, memory_kind kind, std::vector<std::uint64_t> bus)
+  kmod_region(std::shared_ptr<kmod_device> dev, std::uint64_t handle, void* vaddr, std::size_t size,
+              memory_kind kind, std::vector<std::uint64_t> bus)
       : dma_region(vaddr, size, kind, std::move(bus)), dev_(std::move(dev)), handle_(handle) {}
   ~kmod_region() override { dev_->unmap(handle_); }
   std::uint64_t handle() const noexcept { return handle_; }
+
+private:
+  std::shared_ptr<kmod_device> dev_;
+  std::uint64_t handle_;
+};
+
+//! DMA-coherent memory from the module (BAM_KMOD_IOC_ALLOC), mmap()ed through the device.
+class kmod_coherent_region : public dma_region {
+public:
+  kmod_coherent_region(std::shared_ptr<kmod_device> dev, std::uint64_t handle, void* vaddr,
+                       std::size_t size, std::vector<std::uint64_t> bus)
+      : dma_region(vaddr, size, memory_kind::host, std::move(bus)), dev_(std::move(dev)),
+        handle_(handle) {}
+  ~kmod_coherent_region() override {
+    ::munmap(data(), size());
+    dev_->unmap(handle_);
+  }
 
 private:
   std::shared_ptr<kmod_device> dev_;
@@ -227,8 +244,8 @@ public:
       }
       dev_->bar_registered_ = true;
     }
-    return reinterpret_cast<volatile std::uint32_t*>(static_cast<unsigned char*>(dev_->bar_device_) +
-                                                     offset);
+    return reinterpret_cast<volatile std::uint32_t*>(
+        static_cast<unsigned char*>(dev_->bar_device_) + offset);
 #else
     (void)offset;
     return nullptr;
@@ -244,11 +261,17 @@ public:
     return map_device(ptr, size);
   }
 
-  //! Zeroed, page-aligned host memory that a fork() child does not inherit.
+  //! Zeroed host memory that a fork() child does not inherit. Up to
+  //! `BAM_KMOD_MAX_ALLOC_BYTES` it is DMA-coherent memory from the module and
+  //! contiguous in bus address space (what NVMe queues need when no IOMMU
+  //! translates); larger requests get pinned anonymous memory whose pages
+  //! have their own bus addresses.
   std::unique_ptr<dma_region> alloc(std::size_t size) override {
     const std::size_t bytes = round_up(size == 0 ? 1 : size);
+    if (bytes <= BAM_KMOD_MAX_ALLOC_BYTES) return alloc_coherent(bytes);
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw_errno("allocating " + std::to_string(bytes) + " bytes of DMA memory", errno, name());
+    if (p == MAP_FAILED)
+      throw_errno("allocating " + std::to_string(bytes) + " bytes of DMA memory", errno, name());
     (void)::madvise(p, bytes, MADV_DONTFORK);
     try {
       return std::make_unique<detail::kmod_owned_region>(map_host(p, bytes), p, bytes);
@@ -256,6 +279,28 @@ public:
       ::munmap(p, bytes);
       throw;
     }
+  }
+
+  //! DMA-coherent memory, contiguous in bus address space (at most
+  //! `BAM_KMOD_MAX_ALLOC_BYTES`).
+  std::unique_ptr<dma_region> alloc_coherent(std::size_t size) {
+    bam_kmod_alloc req{};
+    req.length = round_up(size == 0 ? 1 : size);
+    if (::ioctl(dev_->fd(), BAM_KMOD_IOC_ALLOC, &req) != 0)
+      throw_errno("allocating " + std::to_string(req.length) + " bytes of DMA-coherent memory",
+                  errno, name());
+    void* p = ::mmap(nullptr, req.length, PROT_READ | PROT_WRITE, MAP_SHARED, dev_->fd(),
+                     static_cast<off_t>(req.mmap_offset));
+    if (p == MAP_FAILED) {
+      const int e = errno;
+      dev_->unmap(req.handle);
+      throw_errno("mapping DMA-coherent memory into the process", e, name());
+    }
+    std::vector<std::uint64_t> bus(req.length / dma_page_size);
+    for (std::size_t i = 0; i < bus.size(); ++i)
+      bus[i] = req.bus_addr + i * dma_page_size;
+    return std::make_unique<detail::kmod_coherent_region>(dev_, req.handle, p, req.length,
+                                                          std::move(bus));
   }
 
   //! Map `[offset, offset + size)` of dma-buf `dmabuf_fd` for this controller.
@@ -274,7 +319,8 @@ public:
       throw_errno("mapping " + std::to_string(size) + " bytes of dma-buf fd " +
                       std::to_string(dmabuf_fd) + " for the controller",
                   errno, name());
-    return std::make_unique<detail::kmod_region>(dev_, req.handle, vaddr, size, kind, std::move(bus));
+    return std::make_unique<detail::kmod_region>(dev_, req.handle, vaddr, size, kind,
+                                                 std::move(bus));
   }
 
   //! Map GPU memory through nvidia_p2p (needs bam_nvme_gpu.ko); 64 KiB aligned.
@@ -287,12 +333,14 @@ public:
     req.bus_addr_count = static_cast<std::uint32_t>(bus.size());
     if (::ioctl(dev_->fd(), BAM_KMOD_IOC_MAP_GPU, &req) != 0) {
       const int e = errno;
-      throw_errno(e == EOPNOTSUPP
-                      ? "mapping GPU memory through nvidia_p2p: bam_nvme_gpu.ko is not loaded "
-                        "(build kernel_module with the NVIDIA driver source and modprobe bam_nvme_gpu)"
-                      : "mapping " + std::to_string(size) + " bytes of GPU memory through nvidia_p2p "
-                        "(64 KiB aligned cudaMalloc memory required)",
-                  e, name());
+      throw_errno(
+          e == EOPNOTSUPP
+              ? "mapping GPU memory through nvidia_p2p: bam_nvme_gpu.ko is not loaded "
+                "(build kernel_module with the NVIDIA driver source and modprobe bam_nvme_gpu)"
+              : "mapping " + std::to_string(size) +
+                    " bytes of GPU memory through nvidia_p2p "
+                    "(64 KiB aligned cudaMalloc memory required)",
+          e, name());
     }
     return std::make_unique<detail::kmod_region>(dev_, req.handle, dptr, size, memory_kind::device,
                                                  std::move(bus));
@@ -332,21 +380,22 @@ private:
 
   std::unique_ptr<dma_region> map_device(void* ptr, std::size_t size) {
 #if BAM_PCI_TRANSPORT_CUDA
-    using get_handle_fn = CUresult (*)(void*, CUdeviceptr, size_t, CUmemRangeHandleType,
-                                       unsigned long long);
+    using get_handle_fn =
+        CUresult (*)(void*, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long);
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q{};
 #if CUDART_VERSION >= 12050
     cudaError_t e = cudaGetDriverEntryPointByVersion("cuMemGetHandleForAddressRange", &fn, 11070,
                                                      cudaEnableDefault, &q);
 #else
-    cudaError_t e = cudaGetDriverEntryPoint("cuMemGetHandleForAddressRange", &fn,
-                                            cudaEnableDefault, &q);
+    cudaError_t e =
+        cudaGetDriverEntryPoint("cuMemGetHandleForAddressRange", &fn, cudaEnableDefault, &q);
 #endif
     int dmabuf_fd = -1;
     if (e == cudaSuccess && q == cudaDriverEntryPointSuccess && fn != nullptr &&
         reinterpret_cast<get_handle_fn>(fn)(&dmabuf_fd, reinterpret_cast<CUdeviceptr>(ptr), size,
-                                            CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) == CUDA_SUCCESS) {
+                                            CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                                            0) == CUDA_SUCCESS) {
       struct closer {
         int fd;
         ~closer() { ::close(fd); }

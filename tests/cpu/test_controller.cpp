@@ -358,3 +358,25 @@ TEST_CASE("destroying the driver deletes its queues and shuts the controller dow
   controller again(emu_ctrl, {});
   CHECK(again.state() == controller_state::ready);
 }
+
+TEST_CASE("queue memory that is not contiguous in bus address space is refused", "[controller][errors]") {
+  auto emu_ctrl = ram_controller(1024);
+  controller_options opts;
+  opts.queue_depth = 256; // 16 KiB of SQ: four pages
+  // A ring allocator that maps the ring's pages in reverse order, as scattered
+  // pinned pages would be without an IOMMU.
+  struct scattered final : dma_region {
+    std::unique_ptr<dma_region> inner;
+    static std::vector<std::uint64_t> reversed(const dma_region& r) {
+      auto bus = r.page_bus();
+      std::reverse(bus.begin(), bus.end());
+      return bus;
+    }
+    explicit scattered(std::unique_ptr<dma_region> r)
+        : dma_region(r->data(), r->size(), r->kind(), reversed(*r)), inner(std::move(r)) {}
+  };
+  opts.ring_alloc = [](transport& t, std::size_t bytes) -> std::unique_ptr<dma_region> {
+    return std::make_unique<scattered>(t.alloc(bytes));
+  };
+  CHECK_THROWS_WITH(controller(emu_ctrl, opts), ContainsSubstring("not contiguous"));
+}

@@ -1,0 +1,732 @@
+// SPDX-License-Identifier: MIT
+// The program scripts/qemu-test runs inside the guest: the controller driver
+// over pci_transport on QEMU's emulated NVMe, bound to bam_nvme. Every case
+// prints one line "BAMTEST CASE <name> PASS|FAIL <detail>" that the host
+// collects; the exit status is the number of failures.
+//
+//   bam_qemu_test all /dev/bam-nvme0        everything below, in order
+//   bam_qemu_test identify|io|dmabuf|args|unpriv|fork|kill|mark DEV [blocks threads]
+#include <bam/controller.hpp>
+#include <bam/kmod_abi.h>
+#include <bam/pci_transport.hpp>
+
+#include "bam_test_dmabuf.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+int failures = 0;
+
+void report(const std::string& name, bool ok, const std::string& detail = {}) {
+  std::printf("BAMTEST CASE %s %s %s\n", name.c_str(), ok ? "PASS" : "FAIL", detail.c_str());
+  std::fflush(stdout);
+  if (!ok) ++failures;
+}
+
+void info(const std::string& key, const std::string& value) {
+  std::printf("BAMTEST INFO %s: %s\n", key.c_str(), value.c_str());
+  std::fflush(stdout);
+}
+
+std::string hex(std::uint64_t v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
+std::uint64_t mix(std::uint64_t x) { // splitmix64
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+//! Block content derived from its LBA and a generation: a misplaced,
+//! stale or torn block fails the comparison.
+void fill_block(void* p, std::size_t bytes, std::uint64_t lba, std::uint64_t gen) {
+  auto* w = static_cast<std::uint64_t*>(p);
+  for (std::size_t i = 0; i < bytes / 8; ++i)
+    w[i] = mix(lba * 0x100000001b3ull + gen * 0x10001 + i);
+  w[0] = lba;
+  w[1] = gen;
+}
+bool check_block(const void* p, std::size_t bytes, std::uint64_t lba, std::uint64_t gen) {
+  std::vector<std::uint64_t> want(bytes / 8);
+  fill_block(want.data(), bytes, lba, gen);
+  return std::memcmp(want.data(), p, bytes) == 0;
+}
+
+std::int64_t read_sysfs_int(const std::string& path) {
+  std::ifstream f(path);
+  std::int64_t v = -1;
+  f >> v;
+  return v;
+}
+
+//! Physical address of a (touched) virtual page, from /proc/self/pagemap (root).
+std::uint64_t physical_address(const void* p) {
+  const int fd = ::open("/proc/self/pagemap", O_RDONLY);
+  if (fd < 0) return 0;
+  std::uint64_t e = 0;
+  const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  const auto off = reinterpret_cast<std::uintptr_t>(p) / page * sizeof e;
+  const bool ok = ::pread(fd, &e, sizeof e, static_cast<off_t>(off)) == sizeof e;
+  ::close(fd);
+  if (!ok || !(e >> 63)) return 0;
+  return (e & ((1ull << 55) - 1)) * page + reinterpret_cast<std::uintptr_t>(p) % page;
+}
+
+bool pins_released(std::string* detail) {
+  // Release runs during exit, before the parent is told; allow a little slack anyway.
+  for (int i = 0; i < 200; ++i) {
+    const auto pinned = read_sysfs_int("/sys/class/bam-nvme/pinned_pages");
+    const auto maps = read_sysfs_int("/sys/class/bam-nvme/mappings");
+    if (pinned == 0 && maps == 0) {
+      *detail = "pinned_pages=0 mappings=0";
+      return true;
+    }
+    if (i == 199)
+      *detail = "pinned_pages=" + std::to_string(pinned) + " mappings=" + std::to_string(maps);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+struct session {
+  std::shared_ptr<bam::pci_transport> t;
+  std::unique_ptr<bam::controller> c;
+  explicit session(const std::string& dev, std::uint32_t queues = 4) {
+    t = std::make_shared<bam::pci_transport>(dev);
+    bam::controller_options o;
+    o.io_queues = queues;
+    o.queue_depth = 256;
+    o.io_timeout_ns = 30'000'000'000ull;
+    o.admin_timeout_ns = 30'000'000'000ull;
+    c = std::make_unique<bam::controller>(t, o);
+  }
+};
+
+// ---------------------------------------------------------------------------
+
+void case_identify(const std::string& dev) {
+  session s(dev);
+  auto& c = *s.c;
+  const auto& ns = c.ns(1);
+  info("pci", s.t->pci_address() + " vendor " + hex(s.t->info().vendor_id) + " device " +
+                  hex(s.t->info().device_id) + " BAR0 " + std::to_string(s.t->info().bar0_size) +
+                  " bytes, DMA mask " + hex(s.t->info().dma_mask) + ", IOMMU " +
+                  (s.t->iommu() ? "on" : "off"));
+  info("model", c.model());
+  info("serial", c.serial());
+  info("firmware", c.firmware());
+  info("namespaces", std::to_string(c.namespaces().size()) + ", ns1 " + std::to_string(ns.blocks) +
+                         " blocks x " + std::to_string(ns.lba_size) +
+                         " B = " + std::to_string(ns.blocks * ns.lba_size >> 20) + " MiB");
+  info("io queues", std::to_string(c.io_queue_count()) + " x " +
+                        std::to_string(c.io_queue_depth()) + " entries, MDTS-limited transfer " +
+                        std::to_string(c.max_transfer_bytes()));
+  report("identify", c.serial() == "bamtest" && ns.blocks > 0 && c.io_queue_count() >= 4,
+         "model '" + c.model() + "' serial '" + c.serial() + "' ns1 " + std::to_string(ns.blocks) +
+             " blocks, " + std::to_string(c.io_queue_count()) + " I/O queue pairs");
+
+  // alloc() memory is contiguous in bus address space (queues need it).
+  {
+    auto q = s.t->alloc(64 * 1024);
+    bool contiguous = true;
+    for (std::size_t i = 1; i < q->page_bus().size(); ++i)
+      contiguous = contiguous && q->page_bus()[i] == q->page_bus()[0] + i * bam::dma_page_size;
+    report("alloc-bus-contiguous", contiguous,
+           "64 KiB from alloc() at bus " + hex(q->page_bus()[0]));
+  }
+  // Bus addresses: equal to physical addresses without an IOMMU, IOVAs with one.
+  void* pinned = ::mmap(nullptr, 4 * bam::dma_page_size, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  std::memset(pinned, 0x5a, 4 * bam::dma_page_size);
+  auto buf = s.t->map(pinned, 4 * bam::dma_page_size, bam::memory_kind::host);
+  const std::uint64_t bus = buf->page_bus()[0];
+  const std::uint64_t phys = physical_address(buf->data());
+  info("dma", "bus address " + hex(bus) + ", physical address " + hex(phys));
+  if (s.t->iommu())
+    report("iommu-iova", phys != 0 && bus != phys, "bus " + hex(bus) + " != phys " + hex(phys));
+  else
+    report("bus-equals-phys", phys != 0 && bus == phys,
+           "bus " + hex(bus) + " == phys " + hex(phys));
+}
+
+void case_io(const std::string& dev, std::uint64_t target_blocks, unsigned nthreads) {
+  session s(dev);
+  auto& c = *s.c;
+  const auto& ns = c.ns(1);
+  const std::uint32_t bs = ns.lba_size;
+  const std::uint64_t span = std::min<std::uint64_t>(ns.blocks, 65536);
+  const std::uint32_t max_run = 16;
+  std::atomic<std::uint64_t> written{0}, verified{0}, bad{0};
+  std::atomic<bool> error{false};
+  std::string first_error;
+  std::mutex em;
+  const auto t0 = std::chrono::steady_clock::now();
+
+  auto worker = [&](unsigned id) {
+    try {
+      // Thread `id` owns LBAs [lo, hi): concurrent writers never overlap.
+      const std::uint64_t lo = span * id / nthreads, hi = span * (id + 1) / nthreads;
+      std::vector<std::uint64_t> gen(hi - lo, 0);
+      std::mt19937_64 rng(1234 + id);
+      auto buf = s.t->alloc(max_run * bs);
+      const std::uint32_t q = id % c.io_queue_count();
+      std::uint64_t mine = 0;
+      const std::uint64_t quota = (target_blocks + nthreads - 1) / nthreads;
+      while (mine < quota) {
+        const std::uint32_t n = 1 + static_cast<std::uint32_t>(rng() % max_run);
+        const std::uint64_t lba = lo + rng() % (hi - lo - n);
+        for (std::uint32_t i = 0; i < n; ++i) {
+          ++gen[lba + i - lo];
+          fill_block(buf->as<unsigned char>() + i * bs, bs, lba + i, gen[lba + i - lo]);
+        }
+        c.write(1, lba, n, *buf, 0, q);
+        // Read back a random earlier-written run right away.
+        const std::uint64_t r = lo + rng() % (hi - lo - n);
+        std::memset(buf->data(), 0xee, n * bs);
+        c.read(1, r, n, *buf, 0, q);
+        for (std::uint32_t i = 0; i < n; ++i)
+          if (gen[r + i - lo] != 0 &&
+              !check_block(buf->as<unsigned char>() + i * bs, bs, r + i, gen[r + i - lo]))
+            ++bad;
+        mine += n;
+        written += n;
+      }
+      // Full verification of everything this thread wrote.
+      for (std::uint64_t lba = lo; lba < hi; lba += max_run) {
+        const auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>(max_run, hi - lba));
+        c.read(1, lba, n, *buf, 0, q);
+        for (std::uint32_t i = 0; i < n; ++i) {
+          if (gen[lba + i - lo] == 0) continue;
+          if (check_block(buf->as<unsigned char>() + i * bs, bs, lba + i, gen[lba + i - lo]))
+            ++verified;
+          else
+            ++bad;
+        }
+      }
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> g(em);
+      if (!error.exchange(true)) first_error = e.what();
+    }
+  };
+  std::vector<std::thread> th;
+  for (unsigned i = 0; i < nthreads; ++i)
+    th.emplace_back(worker, i);
+  for (auto& x : th)
+    x.join();
+  try {
+    c.flush(1);
+  } catch (const std::exception& e) {
+    if (!error.exchange(true)) first_error = std::string("flush: ") + e.what();
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  char detail[256];
+  std::snprintf(detail, sizeof detail,
+                "%llu blocks written at random LBAs by %u threads on %u queues, %llu distinct "
+                "blocks verified, %llu mismatches, %.1f s%s%s",
+                static_cast<unsigned long long>(written.load()), nthreads, c.io_queue_count(),
+                static_cast<unsigned long long>(verified.load()),
+                static_cast<unsigned long long>(bad.load()), secs, error ? ": " : "",
+                first_error.c_str());
+  report("random-write-read-verify", !error && bad == 0 && written >= target_blocks && verified > 0,
+         detail);
+}
+
+void case_dmabuf(const std::string& dev) {
+  const int exp = ::open("/dev/bam-test-dmabuf", O_RDWR | O_CLOEXEC);
+  if (exp < 0) {
+    report("dmabuf", false, "no /dev/bam-test-dmabuf (bam_test_dmabuf.ko not loaded)");
+    return;
+  }
+  constexpr std::size_t bytes = 1 << 20;
+  bam_test_dmabuf_create cr{};
+  cr.size = bytes;
+  if (::ioctl(exp, BAM_TEST_DMABUF_CREATE, &cr) != 0) {
+    report("dmabuf", false, std::string("create: ") + std::strerror(errno));
+    ::close(exp);
+    return;
+  }
+  ::close(exp);
+  void* cpu = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, cr.fd, 0);
+  if (cpu == MAP_FAILED) {
+    report("dmabuf", false, std::string("mmap dma-buf: ") + std::strerror(errno));
+    ::close(cr.fd);
+    return;
+  }
+  try {
+    session s(dev);
+    auto& c = *s.c;
+    const std::uint32_t bs = c.ns(1).lba_size;
+    const std::uint32_t nblk = static_cast<std::uint32_t>(bytes / bs);
+    const std::uint64_t base = 70000 % (c.ns(1).blocks - 2 * nblk);
+    auto region = s.t->map_dmabuf(cr.fd, 0, bytes, cpu, bam::memory_kind::device);
+    ::close(cr.fd); // the mapping holds its own reference
+    cr.fd = -1;
+    info("dmabuf", "bus addresses of the dma-buf's first pages: " + hex(region->page_bus()[0]) +
+                       ", " + hex(region->page_bus()[1]) + ", " + hex(region->page_bus()[2]));
+    // dma-buf -> disk -> host memory
+    for (std::uint32_t i = 0; i < nblk; ++i)
+      fill_block(static_cast<unsigned char*>(cpu) + std::size_t{i} * bs, bs, base + i, 77);
+    c.write(1, base, nblk, *region);
+    auto host = s.t->alloc(bytes);
+    c.read(1, base, nblk, *host);
+    std::uint32_t bad = 0;
+    for (std::uint32_t i = 0; i < nblk; ++i)
+      if (!check_block(host->as<unsigned char>() + std::size_t{i} * bs, bs, base + i, 77)) ++bad;
+    // host memory -> disk -> dma-buf
+    for (std::uint32_t i = 0; i < nblk; ++i)
+      fill_block(host->as<unsigned char>() + std::size_t{i} * bs, bs, base + nblk + i, 78);
+    c.write(1, base + nblk, nblk, *host);
+    std::memset(cpu, 0, bytes);
+    c.read(1, base + nblk, nblk, *region);
+    for (std::uint32_t i = 0; i < nblk; ++i)
+      if (!check_block(static_cast<unsigned char*>(cpu) + std::size_t{i} * bs, bs, base + nblk + i,
+                       78))
+        ++bad;
+    report("dmabuf", bad == 0,
+           "MAP_DMABUF of a 1 MiB exported buffer: write from it and read into it, " +
+               std::to_string(2 * nblk) + " blocks, " + std::to_string(bad) + " mismatches");
+  } catch (const std::exception& e) {
+    report("dmabuf", false, e.what());
+  }
+  if (cr.fd >= 0) ::close(cr.fd);
+  ::munmap(cpu, bytes);
+}
+
+//! ioctl that is expected to fail with `want`.
+void expect_errno(const std::string& name, int fd, unsigned long cmd, void* arg, int want) {
+  errno = 0;
+  const int rc = ::ioctl(fd, cmd, arg);
+  const int e = rc == 0 ? 0 : errno;
+  report("arg-" + name, rc != 0 && e == want,
+         std::string("got ") + (rc == 0 ? "success" : std::strerror(e)) + ", want " +
+             std::strerror(want));
+}
+
+void case_args(const std::string& dev) {
+  bam::pci_transport t(dev);
+  const int fd = t.fd();
+  const std::size_t pg = bam::dma_page_size;
+  void* mem = ::mmap(nullptr, 64 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* ro = ::mmap(nullptr, 4 * pg, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  std::vector<std::uint64_t> bus(64);
+  auto host = [&](std::uint64_t vaddr, std::uint64_t len, std::uint32_t count = 64,
+                  std::uint32_t flags = 0) {
+    bam_kmod_map_host m{};
+    m.vaddr = vaddr;
+    m.length = len;
+    m.bus_addrs = reinterpret_cast<std::uintptr_t>(bus.data());
+    m.bus_addr_count = count;
+    m.flags = flags;
+    return m;
+  };
+  const auto base = reinterpret_cast<std::uintptr_t>(mem);
+  bam_kmod_map_host m;
+  m = host(base, 0);
+  expect_errno("zero-length", fd, BAM_KMOD_IOC_MAP_HOST, &m, EINVAL);
+  m = host(base + 8, pg);
+  expect_errno("unaligned-address", fd, BAM_KMOD_IOC_MAP_HOST, &m, EINVAL);
+  m = host(base, pg + 512);
+  expect_errno("unaligned-length", fd, BAM_KMOD_IOC_MAP_HOST, &m, EINVAL);
+  m = host(base, 1ull << 50, ~0u);
+  expect_errno("huge-length", fd, BAM_KMOD_IOC_MAP_HOST, &m, E2BIG);
+  m = host(~0ull - pg + 1 - 16 * pg, 32 * pg);
+  expect_errno("wrapping-range", fd, BAM_KMOD_IOC_MAP_HOST, &m, EINVAL);
+  m = host(base, 16 * pg, 8);
+  expect_errno("short-bus-array", fd, BAM_KMOD_IOC_MAP_HOST, &m, EINVAL);
+  m = host(base, pg, 64, 1);
+  expect_errno("nonzero-flags", fd, BAM_KMOD_IOC_MAP_HOST, &m, EINVAL);
+  m = host(0x1000, pg);
+  expect_errno("unmapped-memory", fd, BAM_KMOD_IOC_MAP_HOST, &m, EFAULT);
+  m = host(reinterpret_cast<std::uintptr_t>(ro), pg);
+  expect_errno("read-only-memory", fd, BAM_KMOD_IOC_MAP_HOST, &m, EFAULT);
+  // The BAR itself (VM_IO|VM_PFNMAP) cannot be pinned.
+  {
+    void* bar = ::mmap(nullptr, pg, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    m = host(reinterpret_cast<std::uintptr_t>(bar), pg);
+    expect_errno("mmio-memory", fd, BAM_KMOD_IOC_MAP_HOST, &m, EFAULT);
+    ::munmap(bar, pg);
+  }
+  m = host(base, pg);
+  m.bus_addrs = 0x10;
+  expect_errno("bad-bus-array-pointer", fd, BAM_KMOD_IOC_MAP_HOST, &m, EFAULT);
+  expect_errno("bad-struct-pointer", fd, BAM_KMOD_IOC_MAP_HOST, reinterpret_cast<void*>(0x10),
+               EFAULT);
+
+  bam_kmod_unmap u{};
+  u.handle = 0;
+  expect_errno("unmap-handle-0", fd, BAM_KMOD_IOC_UNMAP, &u, EINVAL);
+  u.handle = 4242;
+  expect_errno("unmap-unknown-handle", fd, BAM_KMOD_IOC_UNMAP, &u, EINVAL);
+  u.handle = 1ull << 40;
+  expect_errno("unmap-huge-handle", fd, BAM_KMOD_IOC_UNMAP, &u, EINVAL);
+  {
+    m = host(base, 2 * pg);
+    const bool mapped = ::ioctl(fd, BAM_KMOD_IOC_MAP_HOST, &m) == 0;
+    u.handle = m.handle;
+    const bool first = mapped && ::ioctl(fd, BAM_KMOD_IOC_UNMAP, &u) == 0;
+    report("arg-map-unmap-ok", first, "handle " + std::to_string(m.handle));
+    expect_errno("unmap-twice", fd, BAM_KMOD_IOC_UNMAP, &u, EINVAL);
+  }
+
+  // Coherent allocations (ALLOC).
+  {
+    bam_kmod_alloc al{};
+    al.length = 0;
+    expect_errno("alloc-zero-length", fd, BAM_KMOD_IOC_ALLOC, &al, EINVAL);
+    al.length = 1ull << 40;
+    expect_errno("alloc-huge", fd, BAM_KMOD_IOC_ALLOC, &al, E2BIG);
+    al.length = 3000;
+    expect_errno("alloc-unaligned", fd, BAM_KMOD_IOC_ALLOC, &al, EINVAL);
+    errno = 0;
+    void* p = ::mmap(nullptr, pg, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(999ull << 32));
+    report("mmap-unknown-alloc", p == MAP_FAILED && errno == EINVAL, std::strerror(errno));
+    // UNMAP while still mmap()ed: the memory stays valid until munmap.
+    const auto before = read_sysfs_int("/sys/class/bam-nvme/mappings");
+    al = {};
+    al.length = 2 * pg;
+    bool ok = ::ioctl(fd, BAM_KMOD_IOC_ALLOC, &al) == 0;
+    void* q = ok ? ::mmap(nullptr, 2 * pg, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                          static_cast<off_t>(al.mmap_offset))
+                 : MAP_FAILED;
+    ok = ok && q != MAP_FAILED;
+    bam_kmod_unmap uu{};
+    uu.handle = al.handle;
+    ok = ok && ::ioctl(fd, BAM_KMOD_IOC_UNMAP, &uu) == 0;
+    const auto during = read_sysfs_int("/sys/class/bam-nvme/mappings");
+    if (ok) std::memset(q, 0x77, 2 * pg);
+    if (q != MAP_FAILED) ::munmap(q, 2 * pg);
+    const auto after = read_sysfs_int("/sys/class/bam-nvme/mappings");
+    report("alloc-unmap-before-munmap", ok && during == before + 1 && after == before,
+           "mappings " + std::to_string(before) + " -> " + std::to_string(during) +
+               " after UNMAP (still mmapped) -> " + std::to_string(after) + " after munmap");
+  }
+
+  // Wrong fd types.
+  bam_kmod_map_dmabuf d{};
+  d.length = pg;
+  d.bus_addrs = reinterpret_cast<std::uintptr_t>(bus.data());
+  d.bus_addr_count = 64;
+  d.fd = fd; // a bam device is not a dma-buf
+  expect_errno("dmabuf-not-a-dmabuf", fd, BAM_KMOD_IOC_MAP_DMABUF, &d, EINVAL);
+  d.fd = 1000; // not open
+  expect_errno("dmabuf-closed-fd", fd, BAM_KMOD_IOC_MAP_DMABUF, &d, EBADF);
+  d.fd = -1;
+  expect_errno("dmabuf-negative-fd", fd, BAM_KMOD_IOC_MAP_DMABUF, &d, EBADF);
+  {
+    const int nul = ::open("/dev/null", O_RDWR);
+    bam_kmod_version v{};
+    expect_errno("ioctl-on-dev-null", nul, BAM_KMOD_IOC_VERSION, &v, ENOTTY);
+    ::close(nul);
+  }
+  {
+    int dummy = 0;
+    expect_errno("unknown-ioctl", fd, _IOW(BAM_KMOD_IOC_MAGIC, 0x7f, int), &dummy, ENOTTY);
+    bam_kmod_version v{};
+    v.pad = 1;
+    expect_errno("version-nonzero-pad", fd, BAM_KMOD_IOC_VERSION, &v, EINVAL);
+  }
+  // Without bam_nvme_gpu (and NVIDIA), MAP_GPU says so.
+  {
+    bam_kmod_map_gpu g{};
+    g.vaddr = 0x10000;
+    g.length = 0x10000;
+    g.bus_addrs = reinterpret_cast<std::uintptr_t>(bus.data());
+    g.bus_addr_count = 64;
+    expect_errno("gpu-without-gpu-module", fd, BAM_KMOD_IOC_MAP_GPU, &g, EOPNOTSUPP);
+    g.vaddr = 0x11000;
+    expect_errno("gpu-unaligned", fd, BAM_KMOD_IOC_MAP_GPU, &g, EINVAL);
+  }
+  // mmap outside BAR0, at an offset, or private.
+  {
+    const std::size_t bar = (t.info().bar0_size + pg - 1) / pg * pg;
+    errno = 0;
+    void* p = ::mmap(nullptr, bar + pg, PROT_READ, MAP_SHARED, fd, 0);
+    report("mmap-beyond-bar", p == MAP_FAILED && errno == EINVAL, std::strerror(errno));
+    if (p != MAP_FAILED) ::munmap(p, bar + pg);
+    errno = 0;
+    p = ::mmap(nullptr, pg, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(pg));
+    report("mmap-offset", p == MAP_FAILED && errno == EINVAL, std::strerror(errno));
+    if (p != MAP_FAILED) ::munmap(p, pg);
+    errno = 0;
+    p = ::mmap(nullptr, pg, PROT_READ, MAP_PRIVATE, fd, 0);
+    report("mmap-private", p == MAP_FAILED && errno == EINVAL, std::strerror(errno));
+    if (p != MAP_FAILED) ::munmap(p, pg);
+  }
+  // One process at a time.
+  {
+    errno = 0;
+    const int second = ::open(dev.c_str(), O_RDWR);
+    report("second-open-busy", second < 0 && errno == EBUSY, std::strerror(errno));
+    if (second >= 0) ::close(second);
+    try {
+      bam::pci_transport t2(dev);
+      report("library-error-busy", false, "second transport opened");
+    } catch (const bam::error& e) {
+      report("library-error-busy", e.errnum() == EBUSY, e.what());
+    }
+  }
+  ::munmap(mem, 64 * pg);
+  ::munmap(ro, 4 * pg);
+  try {
+    bam::pci_transport missing("/dev/bam-nvme99");
+    report("library-error-missing", false, "opened");
+  } catch (const bam::error& e) {
+    report("library-error-missing",
+           e.errnum() == ENOENT && std::string(e.what()).find("bind-nvme") != std::string::npos,
+           e.what());
+  }
+}
+
+//! Run `fn` in a child as uid/gid 1000; returns the errno it saw opening `dev`.
+int open_errno_as_user(const std::string& dev) {
+  int pipefd[2];
+  if (::pipe(pipefd) != 0) return -1;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(pipefd[0]);
+    int e = 0;
+    if (::setgroups(0, nullptr) != 0 || ::setgid(1000) != 0 || ::setuid(1000) != 0) {
+      e = -2;
+    } else {
+      const int fd = ::open(dev.c_str(), O_RDWR);
+      e = fd < 0 ? errno : 0;
+    }
+    (void)!::write(pipefd[1], &e, sizeof e);
+    ::_exit(0);
+  }
+  ::close(pipefd[1]);
+  int e = -1;
+  (void)!::read(pipefd[0], &e, sizeof e);
+  ::close(pipefd[0]);
+  ::waitpid(pid, nullptr, 0);
+  return e;
+}
+
+void case_unpriv(const std::string& dev) {
+  struct stat st {};
+  ::stat(dev.c_str(), &st);
+  int e = open_errno_as_user(dev);
+  report("unprivileged-file-permission", e == EACCES,
+         "uid 1000 opening a mode " + std::to_string(st.st_mode & 0777) +
+             " node: " + (e > 0 ? std::strerror(e) : std::to_string(e)));
+  ::chmod(dev.c_str(), 0666);
+  e = open_errno_as_user(dev);
+  report("unprivileged-no-cap-sys-rawio", e == EPERM,
+         "uid 1000 opening a mode 0666 node: " +
+             (e > 0 ? std::string(std::strerror(e)) : std::to_string(e)));
+  ::chmod(dev.c_str(), st.st_mode & 07777);
+}
+
+int wait_status(pid_t pid) {
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  return st;
+}
+
+void case_fork(const std::string& dev) {
+  session s(dev);
+  auto& c = *s.c;
+  const std::uint32_t bs = c.ns(1).lba_size;
+  // Memory the caller owns (not MADV_DONTFORK): the child gets a copy.
+  const std::size_t bytes = 16 * bam::dma_page_size;
+  void* mem = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  std::memset(mem, 0x11, bytes);
+  auto region = s.t->map(mem, bytes, bam::memory_kind::host);
+  auto owned = s.t->alloc(bytes); // MADV_DONTFORK
+  const auto handle = static_cast<bam::detail::kmod_region*>(region.get())->handle();
+  const int fd = s.t->fd();
+  volatile std::uint32_t* bar = s.t->doorbell(0x1c); // CSTS
+
+  // 1. The child may not use the parent's fd state.
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int bad = 0;
+    bam_kmod_version v{};
+    if (!(::ioctl(fd, BAM_KMOD_IOC_VERSION, &v) != 0 && errno == EACCES)) bad |= 1;
+    bam_kmod_unmap u{};
+    u.handle = handle;
+    if (!(::ioctl(fd, BAM_KMOD_IOC_UNMAP, &u) != 0 && errno == EACCES)) bad |= 2;
+    std::vector<std::uint64_t> bus(1);
+    bam_kmod_map_host m{};
+    m.vaddr = reinterpret_cast<std::uintptr_t>(mem);
+    m.length = bam::dma_page_size;
+    m.bus_addrs = reinterpret_cast<std::uintptr_t>(bus.data());
+    m.bus_addr_count = 1;
+    if (!(::ioctl(fd, BAM_KMOD_IOC_MAP_HOST, &m) != 0 && errno == EACCES)) bad |= 4;
+    if (::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0) != MAP_FAILED || errno != EACCES)
+      bad |= 8;
+    std::memset(mem, 0x22, bytes); // the child's copy only
+    ::_exit(bad);
+  }
+  int st = wait_status(pid);
+  report("fork-child-refused", WIFEXITED(st) && WEXITSTATUS(st) == 0,
+         "child ioctl/mmap on the inherited fd: " +
+             std::string(WIFEXITED(st) && WEXITSTATUS(st) == 0
+                             ? "all EACCES"
+                             : "bitmask " + std::to_string(WEXITSTATUS(st))));
+
+  // 2. The child has no registers (VM_DONTCOPY) and no MADV_DONTFORK buffers.
+  pid = ::fork();
+  if (pid == 0) {
+    (void)*bar;
+    ::_exit(0);
+  }
+  st = wait_status(pid);
+  report("fork-no-bar-in-child", WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV,
+         WIFSIGNALED(st) ? std::string("child killed by ") + strsignal(WTERMSIG(st))
+                         : "child read BAR0");
+  pid = ::fork();
+  if (pid == 0) {
+    (void)*static_cast<volatile unsigned char*>(owned->data());
+    ::_exit(0);
+  }
+  st = wait_status(pid);
+  report("fork-no-alloc-buffer-in-child", WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV,
+         WIFSIGNALED(st) ? std::string("child killed by ") + strsignal(WTERMSIG(st))
+                         : "child read it");
+
+  // 3. The parent's pinned pages stay the DMA target after fork + writes (no COW split).
+  std::memset(mem, 0x33, bytes); // would break COW to a new page if the pin did not hold
+  const std::uint64_t lba = 123456 % (c.ns(1).blocks - bytes / bs);
+  auto src = s.t->alloc(bytes);
+  for (std::size_t i = 0; i < bytes / bs; ++i)
+    fill_block(src->as<unsigned char>() + i * bs, bs, lba + i, 99);
+  c.write(1, lba, static_cast<std::uint32_t>(bytes / bs), *src);
+  c.read(1, lba, static_cast<std::uint32_t>(bytes / bs), *region);
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < bytes / bs; ++i)
+    if (!check_block(static_cast<unsigned char*>(mem) + i * bs, bs, lba + i, 99)) ++bad;
+  report("fork-parent-dma-intact", bad == 0,
+         "DMA into the parent's pinned buffer after fork: " + std::to_string(bad) + " bad blocks");
+  region.reset();
+  ::munmap(mem, bytes);
+}
+
+void case_kill(const std::string& dev) {
+  int ready[2];
+  if (::pipe(ready) != 0) return;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(ready[0]);
+    try {
+      session s(dev);
+      auto& c = *s.c;
+      std::atomic<std::uint64_t> ops{0};
+      std::vector<std::thread> th;
+      for (unsigned i = 0; i < 4; ++i)
+        th.emplace_back([&, i] {
+          // Pinned user memory (MAP_HOST), next to the coherent queue memory.
+          void* mem = ::mmap(nullptr, 64 * 1024, PROT_READ | PROT_WRITE,
+                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+          auto buf = s.t->map(mem, 64 * 1024, bam::memory_kind::host);
+          std::mt19937_64 rng(i);
+          for (;;) {
+            const std::uint64_t lba = rng() % (c.ns(1).blocks - 128);
+            if (rng() & 1)
+              c.read(1, lba, 128, *buf, 0, i % c.io_queue_count());
+            else
+              c.write(1, lba, 128, *buf, 0, i % c.io_queue_count());
+            ++ops;
+          }
+        });
+      while (ops < 200)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      const char r = 'r';
+      (void)!::write(ready[1], &r, 1);
+      for (auto& x : th)
+        x.join(); // never returns: SIGKILL
+    } catch (...) {
+    }
+    ::_exit(1);
+  }
+  ::close(ready[1]);
+  char r = 0;
+  const bool got = ::read(ready[0], &r, 1) == 1;
+  ::close(ready[0]);
+  const auto pinned_during = read_sysfs_int("/sys/class/bam-nvme/pinned_pages");
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ::kill(pid, SIGKILL);
+  const int st = wait_status(pid);
+  std::string detail;
+  const bool released = pins_released(&detail);
+  report("sigkill-mid-io-releases-pins",
+         got && pinned_during > 0 && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL && released,
+         "pinned_pages during I/O " + std::to_string(pinned_during) + ", after SIGKILL " + detail);
+  // The controller was stopped and can be brought up again by a new process.
+  try {
+    session s(dev);
+    auto buf = s.t->alloc(4096);
+    s.c->read(1, 0, 8, *buf);
+    report("reopen-after-kill", true, "bring-up and I/O by the next process work");
+  } catch (const std::exception& e) {
+    report("reopen-after-kill", false, e.what());
+  }
+  std::string d2;
+  report("pins-zero-after-close", pins_released(&d2), d2);
+}
+
+//! Write a text marker at LBA 5 for the guest script to read back through
+//! the kernel's own nvme driver after unbind-nvme.
+void case_mark(const std::string& dev) {
+  session s(dev);
+  auto buf = s.t->alloc(bam::dma_page_size);
+  const char text[] = "bam wrote this block";
+  std::memcpy(buf->data(), text, sizeof text - 1);
+  s.c->write(1, 5, 1, *buf);
+  s.c->flush(1);
+  report("mark", true, "LBA 5 holds '" + std::string(text) + "'");
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(
+        stderr,
+        "usage: %s all|identify|io|dmabuf|args|unpriv|fork|kill|mark DEVICE [blocks threads]\n",
+        argv[0]);
+    return 2;
+  }
+  const std::string what = argv[1], dev = argv[2];
+  const std::uint64_t blocks = argc > 3 ? std::strtoull(argv[3], nullptr, 0) : 12000;
+  const unsigned threads = argc > 4 ? static_cast<unsigned>(std::strtoul(argv[4], nullptr, 0)) : 4;
+  const std::vector<std::pair<std::string, std::function<void()>>> cases = {
+      {"identify", [&] { case_identify(dev); }}, {"io", [&] { case_io(dev, blocks, threads); }},
+      {"dmabuf", [&] { case_dmabuf(dev); }},     {"args", [&] { case_args(dev); }},
+      {"unpriv", [&] { case_unpriv(dev); }},     {"fork", [&] { case_fork(dev); }},
+      {"kill", [&] { case_kill(dev); }},         {"mark", [&] { case_mark(dev); }},
+  };
+  for (const auto& [name, fn] : cases) {
+    if (what != name && (what != "all" || name == "mark")) continue;
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      report(name, false, std::string("exception: ") + e.what());
+    }
+  }
+  return failures;
+}
