@@ -22,7 +22,9 @@
 #include <bam/transport.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -102,6 +104,9 @@ public:
     if (!transport_) throw error("controller needs a transport");
     if (!opts_.ring_alloc)
       opts_.ring_alloc = [](transport& tr, std::size_t bytes) { return tr.alloc(bytes); };
+    if (static_cast<bool>(opts_.state_alloc) != static_cast<bool>(opts_.state_free))
+      throw error("controller_options: state_alloc and state_free must be given together");
+    host_state_ = !opts_.state_alloc;
     if (!opts_.state_alloc) {
       opts_.state_alloc = [](std::size_t bytes) { return host_state_alloc(bytes); };
       opts_.state_free = [](void* p) { std::free(p); };
@@ -110,20 +115,26 @@ public:
       bring_up();
     } catch (...) {
       state_ = controller_state::failed;
+      // Stop the controller before its queue memory goes back to the allocator.
+      reset_quietly();
       release_queues();
       throw;
     }
   }
 
   ~controller() {
+    bool stopped = false;
     try {
-      if (state_ == controller_state::ready) {
+      if (state_ == controller_state::ready && !any_queue_broken()) {
         delete_io_queues();
         if (opts_.shutdown_on_destroy) shutdown();
+        stopped = true;
       }
     } catch (...) {
-      // A controller that is gone or broken is left as it is.
     }
+    // A queue with commands that never completed (or a failed teardown): reset
+    // the controller so that nothing DMAs into memory freed below.
+    if (!stopped) reset_quietly();
     release_queues();
   }
 
@@ -299,7 +310,7 @@ private:
     }
     // MDTS is in units of the minimum memory page size; 0 means no limit.
     const std::size_t pool_limit = 2u << 20; // what the driver's PRP lists describe
-    max_transfer_ = id_ctrl_.mdts == 0
+    max_transfer_ = (id_ctrl_.mdts == 0 || id_ctrl_.mdts >= 20)
                         ? pool_limit
                         : std::min<std::size_t>(pool_limit, dma_page_size << id_ctrl_.mdts);
     setup_prp_pool();
@@ -426,8 +437,14 @@ private:
       const auto* list = page->as<std::uint32_t>();
       for (std::size_t i = 0; i < nvme::identify_data_size / 4 && list[i] != 0; ++i)
         ids.push_back(list[i]);
-    } catch (const error&) {
-      // NVMe 1.0 controllers lack CNS 2: every NSID up to NN is a candidate.
+    } catch (const error& e) {
+      // NVMe 1.0 controllers lack CNS 2 (Invalid Field): every NSID up to NN
+      // is a candidate. Any other failure is reported as it is.
+      const auto st = e.status();
+      const bool unsupported =
+          st && st->sct() == nvme::status_type::generic &&
+          (st->sc() == nvme::generic_status::invalid_field || st->sc() == nvme::generic_status::invalid_opcode);
+      if (!unsupported) throw;
       for (std::uint32_t n = 1; n <= id_ctrl_.nn && n <= 1024; ++n) ids.push_back(n);
     }
     for (std::uint32_t nsid : ids) {
@@ -438,7 +455,8 @@ private:
       if (info.id.nsze == 0) continue; // inactive
       info.nsid = nsid;
       info.blocks = info.id.nsze;
-      const unsigned fmt = info.id.flbas & 0xfu;
+      // FLBAS bits 3:0 and, with more than 16 formats, bits 6:5 as the upper bits.
+      const unsigned fmt = (info.id.flbas & 0xfu) | (((info.id.flbas >> 5) & 0x3u) << 4);
       info.lba_size = 1u << info.id.lbaf[fmt].ds;
       namespaces_.push_back(info);
     }
@@ -563,8 +581,17 @@ private:
       std::unique_ptr<inflight> f = std::move(pending.front());
       pending.erase(pending.begin());
       const nvme::status st = q.ref.wait(f->record);
-      // A command that timed out may still complete: its PRP lists stay reserved.
-      if (st != nvme::status_timeout && st != nvme::status_queue_broken) release_prp(f->pool_entry);
+      if (st == nvme::status_timeout || st == nvme::status_queue_broken) {
+        // The command may still complete: its record and PRP lists stay
+        // reserved (leaked) rather than reused while the controller may write them.
+        const inflight* leaked = f.release();
+        const nvme::command failed_cmd = leaked->cmd;
+        if (!first_error)
+          first_error.emplace(command_error(op == nvme::nvm_opcode::read ? "read failed" : "write failed",
+                                            q.ref.qid, failed_cmd, st, leaked->lba));
+        return;
+      }
+      release_prp(f->pool_entry);
       if (!st.ok() && !first_error)
         first_error.emplace(command_error(op == nvme::nvm_opcode::read ? "read failed" : "write failed",
                                           q.ref.qid, f->cmd, st, f->lba));
@@ -572,7 +599,14 @@ private:
     for (std::uint64_t done = 0; done < nblocks && !first_error;) {
       const auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>(nblocks - done, max_blocks));
       if (pending.size() == window) finish_one();
-      const std::uint32_t entry = acquire_prp();
+      // Never block on the shared pool while holding entries: give ours back first.
+      std::optional<std::uint32_t> got = try_acquire_prp();
+      while (!got && !pending.empty()) {
+        finish_one();
+        got = try_acquire_prp();
+      }
+      if (first_error) break;
+      const std::uint32_t entry = got ? *got : acquire_prp(q.ref.timeout_ns);
       std::uint64_t* list_virt[64];
       std::uint64_t list_bus[64];
       const std::size_t lp = std::min<std::size_t>(prp_.pages_per_entry, 64);
@@ -609,9 +643,22 @@ private:
     if (first_error) throw *first_error;
   }
 
-  std::uint32_t acquire_prp() {
+  std::optional<std::uint32_t> try_acquire_prp() {
+    std::lock_guard<std::mutex> lock(prp_.m);
+    if (prp_.free.empty()) return std::nullopt;
+    const std::uint32_t e = prp_.free.back();
+    prp_.free.pop_back();
+    return e;
+  }
+  //! Wait for a pool entry, holding none; bounded like every wait.
+  std::uint32_t acquire_prp(std::uint64_t timeout_ns) {
     std::unique_lock<std::mutex> lock(prp_.m);
-    prp_.cv.wait(lock, [&] { return !prp_.free.empty(); });
+    if (!prp_.cv.wait_for(lock, std::chrono::nanoseconds(timeout_ns), [&] { return !prp_.free.empty(); })) {
+      error_context c;
+      c.controller = name_;
+      c.status = nvme::status_timeout;
+      throw error("no PRP list memory became free (commands that timed out keep theirs)", c);
+    }
     const std::uint32_t e = prp_.free.back();
     prp_.free.pop_back();
     return e;
@@ -626,7 +673,6 @@ private:
 
   void delete_io_queues() {
     for (auto it = io_.rbegin(); it != io_.rend(); ++it) {
-      if (it->ref.broken()) continue;
       if (it->created_sq) admin(nvme::make_delete_io_sq(it->ref.qid));
       it->created_sq = false;
       if (it->created_cq) admin(nvme::make_delete_io_cq(it->ref.qid));
@@ -638,13 +684,52 @@ private:
     nvme::cc_register cc{transport_->read32(nvme::reg::cc)};
     cc.bits.shn = static_cast<std::uint32_t>(nvme::shutdown_notification::normal);
     transport_->write32(nvme::reg::cc, cc.raw);
-    const std::uint64_t deadline = detail::now_ns() + state_timeout_ns_;
+    // RTD3E (microseconds) is the controller's own shutdown latency; never
+    // less than CAP.TO or a few seconds.
+    const std::uint64_t min_shutdown_ns = 5'000'000'000ull;
+    const std::uint64_t timeout_ns = std::max({static_cast<std::uint64_t>(id_ctrl_.rtd3e) * 1000,
+                                               state_timeout_ns_, min_shutdown_ns});
+    const std::uint64_t deadline = detail::now_ns() + timeout_ns;
     for (;;) {
       nvme::csts_register s{transport_->read32(nvme::reg::csts)};
       if (s.raw == nvme::register_gone) return;
       if (s.bits.shst == static_cast<std::uint32_t>(nvme::shutdown_status::complete)) return;
-      if (detail::now_ns() > deadline) return;
+      if (detail::now_ns() > deadline) {
+        std::fprintf(stderr, "bam: controller %s did not complete shutdown within %llu ms (CSTS.SHST)\n",
+                     name_.c_str(), static_cast<unsigned long long>(timeout_ns / 1'000'000));
+        return;
+      }
       std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
+  bool any_queue_broken() const {
+    if (admin_.state != nullptr && admin_.ref.broken()) return true;
+    if (!host_state_) return false; // state placed by the caller (GPU memory): not readable here
+    for (const auto& q : io_)
+      if (q.state != nullptr && q.ref.broken()) return true;
+    return false;
+  }
+
+  //! CC.EN=0 and wait (bounded by CAP.TO) for CSTS.RDY=0: the controller stops
+  //! all DMA and forgets its queues. Never throws.
+  void reset_quietly() noexcept {
+    try {
+      nvme::cc_register cc{transport_->read32(nvme::reg::cc)};
+      if (cc.raw == nvme::register_gone) return;
+      cc.bits.en = 0;
+      transport_->write32(nvme::reg::cc, cc.raw);
+      const std::uint64_t deadline = detail::now_ns() + std::max<std::uint64_t>(state_timeout_ns_, 1'000'000);
+      for (;;) {
+        nvme::csts_register s{transport_->read32(nvme::reg::csts)};
+        if (s.raw == nvme::register_gone || s.bits.rdy == 0) return;
+        if (detail::now_ns() > deadline) {
+          std::fprintf(stderr, "bam: controller %s did not stop (CSTS.RDY=1 after CC.EN=0)\n", name_.c_str());
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    } catch (...) {
     }
   }
 
@@ -681,6 +766,7 @@ private:
   queue_resources admin_;
   std::vector<queue_resources> io_;
   std::uint32_t io_depth_ = 0;
+  bool host_state_ = true; //!< I/O queue state in host memory (the default allocator)
   std::size_t max_transfer_ = 0;
   prp_pool prp_;
 };

@@ -162,3 +162,37 @@ TEST_CASE("queue protocol: many threads time out together without hanging", "[qu
   CHECK(non_error.load() == 0);
   CHECK(q.broken());
 }
+
+TEST_CASE("queue protocol: no ready entry is left unpublished when two submitters race",
+          "[queue][stress]") {
+  test::loopback_controller peer(1024, 11);
+  auto q = peer.queue();
+  constexpr int rounds = 100'000;
+  std::atomic<int> arrived{0};
+  std::atomic<std::uint64_t> unpublished{0};
+  nvme::completion_record rec[2];
+  auto body = [&](int me) {
+    for (int r = 0; r < rounds; ++r) {
+      std::uint64_t ticket = 0;
+      nvme::command c = nvme::make_command(0x80);
+      c.cdw12 = static_cast<std::uint32_t>(r * 2 + me);
+      REQUIRE(q.submit(c, ticket, rec[me]).ok());
+      // Both submit() calls have returned: both entries must be rung by now.
+      // Two barriers a round; barrier k is passed when `arrived` reaches 2k.
+      arrived.fetch_add(1);
+      while (arrived.load() < 4 * r + 2) std::this_thread::yield();
+      if (me == 0) {
+        const std::uint64_t tail =
+            cuda::atomic_ref<std::uint64_t, cuda::thread_scope_device>(q.counters->sq_tail).load();
+        if (tail != static_cast<std::uint64_t>(2 * r + 2)) unpublished.fetch_add(1);
+      }
+      REQUIRE(q.wait(rec[me]).ok());
+      arrived.fetch_add(1);
+      while (arrived.load() < 4 * r + 4) std::this_thread::yield();
+    }
+  };
+  std::thread other(body, 1);
+  body(0);
+  other.join();
+  CHECK(unpublished.load() == 0);
+}

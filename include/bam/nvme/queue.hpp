@@ -65,9 +65,12 @@ struct queue_counters {
 } // namespace detail
 
 //! Where the completion of one command is delivered when the submitter keeps
-//! several commands in flight (see `queue_pair_ref::submit`). Must live in
-//! memory the consuming threads can write: any host memory for CPU threads,
-//! global or shared memory (not a local variable) for GPU threads.
+//! several commands in flight (see `queue_pair_ref::submit`). Any thread that
+//! consumes completions may fill it, so it must live in memory every submitter
+//! can write through the same pointer: host memory for CPU threads, global (or
+//! mapped host) memory for GPU threads — not shared memory, not a local
+//! variable. It must outlive its command, also after a timeout (a late
+//! completion may still be delivered there; a timed-out record is leaked).
 struct completion_record {
   std::uint32_t done = 0;   //!< 1 once filled
   std::uint32_t status = 0; //!< completion status (without phase)
@@ -181,14 +184,23 @@ struct queue_pair_ref {
         device_atomic<std::uint64_t>(counters->ticket).fetch_add(1, cuda::memory_order_relaxed);
     const std::uint32_t cid = static_cast<std::uint32_t>(t % ncids);
     const std::uint32_t turn = static_cast<std::uint32_t>(t / ncids);
-    const std::uint64_t deadline = bam::detail::now_ns() + timeout_ns;
+    // A ticket deep in a backlog may wait long for its turn: the deadline is
+    // "no completion on this queue for timeout_ns", restarted on progress.
+    std::uint64_t deadline = bam::detail::now_ns() + timeout_ns;
+    device_atomic<std::uint64_t> cq_head(counters->cq_head);
+    std::uint64_t progress = cq_head.load(cuda::memory_order_relaxed);
     bam::detail::backoff pause;
 
     // 1. The command id must be free: its previous user has collected its completion.
     device_atomic<std::uint32_t> free_turn(cids[cid].free_turn);
     while (free_turn.load(cuda::memory_order_acquire) != turn) {
       if (broken()) return status_queue_broken;
-      if (bam::detail::now_ns() > deadline) {
+      const std::uint64_t now = bam::detail::now_ns();
+      const std::uint64_t seen = cq_head.load(cuda::memory_order_relaxed);
+      if (seen != progress) {
+        progress = seen;
+        deadline = now + timeout_ns;
+      } else if (now > deadline) {
         mark_broken();
         return status_queue_full;
       }
@@ -215,8 +227,12 @@ struct queue_pair_ref {
     cmd.cid = static_cast<std::uint16_t>(cid);
     prepare(cmd, cid);
     cids[cid].record = record;
+    if (record != nullptr) record->done = 0;
     sq[t % sq_depth] = cmd;
     device_atomic<std::uint64_t>(ready[t % sq_depth]).store(t + 1, cuda::memory_order_release);
+    // Store-load ordering with ring()'s lock check (a Dekker pattern): either we
+    // see the lock free and publish, or the holder's re-check sees our mark.
+    cuda::atomic_thread_fence(cuda::memory_order_seq_cst, cuda::thread_scope_device);
     ticket = t;
     ring();
     return status_success;
@@ -261,6 +277,8 @@ struct queue_pair_ref {
       lock.store(0, cuda::memory_order_release);
       // A slot marked ready while we held the lock may have seen the lock
       // taken and left: look once more so that no entry is left unpublished.
+      // The fence pairs with the one in submit() (store-load ordering).
+      cuda::atomic_thread_fence(cuda::memory_order_seq_cst, cuda::thread_scope_device);
       if (device_atomic<std::uint64_t>(ready[tail % sq_depth]).load(cuda::memory_order_acquire) !=
           tail + 1)
         return;
@@ -275,7 +293,8 @@ struct queue_pair_ref {
     device_atomic<std::uint32_t> lock(counters->cq_lock);
     if (lock.load(cuda::memory_order_relaxed) != 0) return 0;
     if (lock.exchange(1, cuda::memory_order_acquire) != 0) return 0;
-    std::uint64_t head = counters->cq_head;
+    device_atomic<std::uint64_t> cq_head(counters->cq_head);
+    std::uint64_t head = cq_head.load(cuda::memory_order_relaxed);
     std::uint32_t consumed = 0;
     // Stop after one ring's worth so a fast controller cannot starve the doorbell.
     while (consumed < cq_depth) {
@@ -315,7 +334,7 @@ struct queue_pair_ref {
       ++consumed;
     }
     if (consumed != 0) {
-      counters->cq_head = head;
+      cq_head.store(head, cuda::memory_order_relaxed);
       detail::mmio_write32(cq_doorbell, static_cast<std::uint32_t>(head % cq_depth));
     }
     lock.store(0, cuda::memory_order_release);
