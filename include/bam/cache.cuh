@@ -46,7 +46,8 @@
 
 namespace bam {
 
-//! The first failure a kernel met, recorded in pinned host memory. Any thread
+//! The first failure a kernel met, recorded in GPU memory (system-scope
+//! atomics on pinned host memory are not available everywhere). Any thread
 //! may record; the first one wins; `count` counts them all.
 struct device_error_record {
   std::uint32_t state;      //!< 0: none, 1: being written, 2: complete
@@ -60,9 +61,9 @@ struct device_error_record {
 
   BAM_DEVICE void record(nvme::status st, bool with_index, std::uint64_t idx, bool with_lba,
                          std::uint64_t lba_, std::uint32_t ctrl) {
-    cuda::atomic_ref<unsigned long long, cuda::thread_scope_system>(count).fetch_add(
+    cuda::atomic_ref<unsigned long long, cuda::thread_scope_device>(count).fetch_add(
         1, cuda::memory_order_relaxed);
-    cuda::atomic_ref<std::uint32_t, cuda::thread_scope_system> s(state);
+    cuda::atomic_ref<std::uint32_t, cuda::thread_scope_device> s(state);
     std::uint32_t expected = 0;
     if (!s.compare_exchange_strong(expected, 1, cuda::memory_order_relaxed)) return;
     status = st.raw;
@@ -75,9 +76,13 @@ struct device_error_record {
   }
 };
 
-//! Throw `bam::error` for a recorded failure (and clear the record), or do nothing.
-inline void throw_if_recorded(device_error_record& r, const std::string& what, const std::string& controller) {
+//! Throw `bam::error` for a failure recorded at `dev` (GPU memory; the record
+//! is cleared), or do nothing. Call when no kernel that records is running.
+inline void throw_if_recorded(device_error_record* dev, const std::string& what, const std::string& controller) {
+  device_error_record r{};
+  BAM_CUDA_TRY(cudaMemcpy(&r, dev, sizeof r, cudaMemcpyDeviceToHost));
   if (r.state == 0 && r.count == 0) return;
+  BAM_CUDA_TRY(cudaMemset(dev, 0, sizeof r));
   error_context c;
   c.controller = controller;
   if (r.state == 2) {
@@ -86,7 +91,6 @@ inline void throw_if_recorded(device_error_record& r, const std::string& what, c
     if (r.has_lba) c.lba = r.lba;
   }
   const unsigned long long n = r.count;
-  r = device_error_record{};
   throw error(what + " (" + std::to_string(n) + " failure" + (n == 1 ? "" : "s") +
                   " recorded on the device; the first one follows)",
               c);
@@ -176,13 +180,26 @@ struct page_cache_ref {
                    b.data_bus[c], static_cast<std::uint64_t>(slot) << page_shift, ctrl.pick_queue());
   }
 
+  //! While waiting on the cache, do the software controller's work for the
+  //! queue this thread would use for `key` (GPU engine only): the loads being
+  //! waited for are finished by waiting threads.
+  BAM_DEVICE void help(std::uint64_t key) const {
+    const backing_ref& b = backings[key >> detail::key_page_bits];
+    const gpu::controller_ref& ctrl = b.ctrls[b.controller_of(key & detail::key_page_mask)];
+    if (!ctrl.has_engine) return;
+    const nvme::queue_pair_ref& q = ctrl.queues[ctrl.pick_queue()];
+    ctrl.engine.serve(q.qid, [&] { q.poll(); });
+  }
+
   BAM_DEVICE void release(std::uint32_t slot, std::uint32_t refs = 1) const {
     detail::dev_atomic<std::uint64_t>(slots[slot]).fetch_sub(refs, cuda::memory_order_release);
   }
 
   //! Take a reference on the page of `key`, loading it if needed. On success
   //! the page's data is at `page_data(slot)` until `release(slot)`. With
-  //! `for_write` the page is marked dirty. Failures are recorded in `err`.
+  //! `for_write` the page is marked dirty. A failure to get the page is
+  //! returned (the caller records it, with the element index); a failed
+  //! write-back of another page met on the way is recorded in `err`.
   BAM_DEVICE page_acquire acquire(std::uint64_t key, bool for_write, device_error_record* err) const;
 
 private:
@@ -245,16 +262,16 @@ BAM_DEVICE inline page_acquire page_cache_ref::acquire(std::uint64_t key, bool f
         if (bam::detail::now_ns() > deadline) {
           release(s);
           out.status = nvme::status_timeout;
-          if (err != nullptr) err->record(out.status, false, 0, false, 0, 0);
           return out;
         }
+        help(key);
         bam::detail::relax(128);
         word = st.load(cuda::memory_order_acquire);
       }
       if (word & slot_error) {
         out.status = nvme::status(static_cast<std::uint16_t>(slot_status_word(page_data(s))));
         release(s);
-        return out; // the loader recorded it
+        return out;
       }
       if (for_write && (word & slot_dirty) == 0) st.fetch_or(slot_dirty, cuda::memory_order_relaxed);
       if (reinterpret_cast<volatile std::uint8_t*>(clock)[s] == 0)
@@ -266,7 +283,6 @@ BAM_DEVICE inline page_acquire page_cache_ref::acquire(std::uint64_t key, bool f
     // 2. A miss: under the set's lock, look again, then claim a victim.
     if (!lock_set(set, deadline)) {
       out.status = nvme::status_timeout;
-      if (err != nullptr) err->record(out.status, false, 0, false, 0, 0);
       return out;
     }
     bool present = false;
@@ -321,7 +337,6 @@ BAM_DEVICE inline page_acquire page_cache_ref::acquire(std::uint64_t key, bool f
             .store(ios.raw, cuda::memory_order_relaxed);
         st.fetch_add(slot_error - slot_busy, cuda::memory_order_release);
         release(s);
-        if (err != nullptr) err->record(ios, false, 0, true, lba, ctrl);
         out.status = ios;
         return out;
       }
@@ -350,10 +365,10 @@ BAM_DEVICE inline page_acquire page_cache_ref::acquire(std::uint64_t key, bool f
       }
       continue;
     }
-    // Every way is referenced or busy: wait for one to be released.
+    // Every way is referenced or busy: help the loads along, then look again.
+    help(key);
     if (bam::detail::now_ns() > deadline) {
       out.status = nvme::status_timeout;
-      if (err != nullptr) err->record(out.status, false, 0, false, 0, 0);
       return out;
     }
     bam::detail::relax(256);
@@ -444,7 +459,7 @@ public:
     backings_ = gpu::device_buffer<backing_ref>(detail::max_backings);
     counters_ = gpu::device_buffer<unsigned long long>(2);
     host_backings_.resize(detail::max_backings);
-    err_ = gpu::pinned_buffer<device_error_record>(1);
+    err_ = gpu::device_buffer<device_error_record>(1);
     unsigned p = 0;
     while ((std::size_t{1} << p) < cfg.page_size) ++p;
     page_shift_ = p;
@@ -539,7 +554,7 @@ public:
     gpu::copy_to_device(backings_.get() + id, &host_backings_[id], 1);
     auto it = mappings_.find(s);
     if (it != mappings_.end() && --it->second.users == 0) mappings_.erase(it);
-    throw_if_recorded(*err_.get(), "page cache write-back on detach failed", s->name());
+    throw_if_recorded(err_.get(), "page cache write-back on detach failed", s->name());
   }
 
   //! Write back every dirty page, then NVMe Flush every controller involved.
@@ -552,7 +567,7 @@ public:
       BAM_CUDA_TRY(cudaGetLastError());
       BAM_CUDA_TRY(cudaDeviceSynchronize());
     }
-    throw_if_recorded(*err_.get(), "page cache flush failed", "");
+    throw_if_recorded(err_.get(), "page cache flush failed", "");
   }
 
 private:
@@ -580,7 +595,7 @@ private:
   gpu::device_buffer<std::uint32_t> set_hand_;
   gpu::device_buffer<backing_ref> backings_;
   gpu::device_buffer<unsigned long long> counters_;
-  gpu::pinned_buffer<device_error_record> err_;
+  gpu::device_buffer<device_error_record> err_;
   std::vector<backing_ref> host_backings_;
   std::map<std::uint32_t, const gpu::storage*> owners_;
   std::map<const gpu::storage*, mapping_entry> mappings_;

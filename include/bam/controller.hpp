@@ -135,6 +135,7 @@ public:
     // A queue with commands that never completed (or a failed teardown): reset
     // the controller so that nothing DMAs into memory freed below.
     if (!stopped) reset_quietly();
+    quarantine_.clear(); // timed-out commands: the controller is stopped now
     release_queues();
   }
 
@@ -243,6 +244,14 @@ private:
     void* state = nullptr;
     bool created_cq = false;
     bool created_sq = false;
+  };
+
+  //! One host command in flight in `block_io`.
+  struct inflight {
+    std::uint32_t pool_entry;
+    nvme::command cmd;
+    std::uint64_t lba;
+    nvme::completion_record record; // several in flight: completions delivered here
   };
 
   //! PRP list pages for host-submitted transfers, shared by all queues.
@@ -569,12 +578,6 @@ private:
         std::min<std::uint64_t>(max_transfer_ / lba_size, 65536));
     // Keep a few chunks in flight per call; each holds one PRP pool entry.
     constexpr std::size_t window = 8;
-    struct inflight {
-      std::uint32_t pool_entry;
-      nvme::command cmd;
-      std::uint64_t lba;
-      nvme::completion_record record; // several in flight: completions delivered here
-    };
     std::vector<std::unique_ptr<inflight>> pending;
     std::optional<error> first_error;
     auto finish_one = [&]() {
@@ -583,12 +586,12 @@ private:
       const nvme::status st = q.ref.wait(f->record);
       if (st == nvme::status_timeout || st == nvme::status_queue_broken) {
         // The command may still complete: its record and PRP lists stay
-        // reserved (leaked) rather than reused while the controller may write them.
-        const inflight* leaked = f.release();
-        const nvme::command failed_cmd = leaked->cmd;
+        // reserved until the controller is reset, never reused before.
         if (!first_error)
           first_error.emplace(command_error(op == nvme::nvm_opcode::read ? "read failed" : "write failed",
-                                            q.ref.qid, failed_cmd, st, leaked->lba));
+                                            q.ref.qid, f->cmd, st, f->lba));
+        std::lock_guard<std::mutex> lock(quarantine_mutex_);
+        quarantine_.push_back(std::move(f));
         return;
       }
       release_prp(f->pool_entry);
@@ -766,6 +769,8 @@ private:
   queue_resources admin_;
   std::vector<queue_resources> io_;
   std::uint32_t io_depth_ = 0;
+  std::mutex quarantine_mutex_;
+  std::vector<std::unique_ptr<inflight>> quarantine_; //!< timed out, may still complete
   bool host_state_ = true; //!< I/O queue state in host memory (the default allocator)
   std::size_t max_transfer_ = 0;
   prp_pool prp_;

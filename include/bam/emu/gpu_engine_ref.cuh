@@ -26,6 +26,7 @@
 #pragma once
 
 #include <bam/detail/macros.hpp>
+#include <bam/gpu/memory_ops.cuh>
 #include <bam/nvme/prp.hpp>
 #include <bam/nvme/queue.hpp>
 #include <bam/nvme/spec.hpp>
@@ -102,7 +103,9 @@ using dev_atomic = cuda::atomic_ref<T, cuda::thread_scope_device>;
 template <class T>
 using sys_atomic = cuda::atomic_ref<T, cuda::thread_scope_system>;
 
-//! Copy `len` bytes with the widest accesses both pointers allow.
+//! Copy `len` bytes with the widest accesses both pointers allow. Loads and
+//! stores bypass L1 (which is not coherent): the bytes were written, or will
+//! be read, by other SMs.
 BAM_DEVICE inline void copy_bytes(void* dst, const void* src, std::uint64_t len) {
   const auto d = reinterpret_cast<std::uintptr_t>(dst);
   const auto s = reinterpret_cast<std::uintptr_t>(src);
@@ -115,20 +118,72 @@ BAM_DEVICE inline void copy_bytes(void* dst, const void* src, std::uint64_t len)
     for (; i + 8 <= n; i += 8) {
       uint4 r[8];
 #pragma unroll
-      for (int k = 0; k < 8; ++k) r[k] = sv[i + k];
+      for (int k = 0; k < 8; ++k) r[k] = gpu::ld_cg(sv + i + k);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) dv[i + k] = r[k];
+      for (int k = 0; k < 8; ++k) gpu::st_cg(dv + i + k, r[k]);
     }
-    for (; i < n; ++i) dv[i] = sv[i];
+    for (; i < n; ++i) gpu::st_cg(dv + i, gpu::ld_cg(sv + i));
   } else if (((d | s | len) & 3u) == 0) {
-    auto* dv = static_cast<std::uint32_t*>(dst);
-    const auto* sv = static_cast<const std::uint32_t*>(src);
-    for (std::uint64_t i = 0; i < len / 4; ++i) dv[i] = sv[i];
+    auto* dv = static_cast<unsigned int*>(dst);
+    const auto* sv = static_cast<const unsigned int*>(src);
+    for (std::uint64_t i = 0; i < len / 4; ++i) gpu::st_cg(dv + i, gpu::ld_cg(sv + i));
   } else {
     auto* dv = static_cast<unsigned char*>(dst);
     const auto* sv = static_cast<const unsigned char*>(src);
     for (std::uint64_t i = 0; i < len; ++i) dv[i] = sv[i];
   }
+}
+
+//! `nvme::walk_prp` for device code. Same rules and checks; it exists because
+//! `walk_prp` takes the address of the host-only constant `status_success`
+//! (`cond ? status_success : ...`), which nvcc rejects in device code.
+//! TODO(lead): wrap those two returns in `status(...)` in prp.hpp and use walk_prp here.
+template <class ReadList, class Segment>
+BAM_DEVICE nvme::status walk_prp_device(std::uint64_t prp1, std::uint64_t prp2, std::uint64_t bytes,
+                                        std::uint64_t page_size, ReadList&& read_list, Segment&& segment) {
+  using namespace bam::nvme;
+  const status ok{};
+  const status bad_offset{status_type::generic, generic_status::invalid_prp_offset, true};
+  const status transfer_error{status_type::generic, generic_status::data_transfer_error, true};
+  if (bytes == 0) return ok;
+  if (!prp_offset_valid(prp1)) return bad_offset;
+  const std::uint64_t first_len = page_size - (prp1 % page_size);
+  const std::uint64_t len1 = bytes < first_len ? bytes : first_len;
+  if (!segment(prp1, len1)) return transfer_error;
+  std::uint64_t left = bytes - len1;
+  if (left == 0) return ok;
+  if (left <= page_size) {
+    if (prp2 % page_size != 0) return bad_offset;
+    return segment(prp2, left) ? ok : transfer_error;
+  }
+  if (prp2 % sizeof(std::uint64_t) != 0) return bad_offset;
+  const std::size_t per_page = prp_entries_per_page(page_size);
+  std::uint64_t list = prp2;
+  constexpr std::size_t chunk = 16;
+  std::uint64_t entries[chunk];
+  while (left > 0) {
+    const std::size_t slots_here = per_page - (list % page_size) / sizeof(std::uint64_t);
+    std::size_t idx = 0;
+    bool chained = false;
+    while (idx < slots_here && left > 0 && !chained) {
+      const std::size_t n = (slots_here - idx) < chunk ? (slots_here - idx) : chunk;
+      if (!read_list(list + idx * sizeof(std::uint64_t), entries, n)) return transfer_error;
+      for (std::size_t k = 0; k < n && left > 0; ++k, ++idx) {
+        const std::uint64_t pages_left = (left + page_size - 1) / page_size;
+        if (entries[k] % page_size != 0) return bad_offset;
+        if (idx == slots_here - 1 && pages_left > 1) { // a chain pointer
+          list = entries[k];
+          chained = true;
+          break;
+        }
+        const std::uint64_t len = left < page_size ? left : page_size;
+        if (!segment(entries[k], len)) return transfer_error;
+        left -= len;
+      }
+    }
+    if (!chained) break;
+  }
+  return left == 0 ? ok : transfer_error;
 }
 
 } // namespace detail
@@ -161,8 +216,8 @@ BAM_DEVICE inline nvme::status gpu_engine_ref::execute(const nvme::command& cmd)
   std::uint8_t* base = media + slba * lba_size;
   std::uint64_t done = 0;
   auto read_list = [](std::uint64_t bus, std::uint64_t* dst, std::size_t n) {
-    const auto* src = reinterpret_cast<const std::uint64_t*>(bus);
-    for (std::size_t i = 0; i < n; ++i) dst[i] = src[i];
+    const auto* src = reinterpret_cast<const unsigned long long*>(bus);
+    for (std::size_t i = 0; i < n; ++i) dst[i] = gpu::ld_cg(src + i); // written by another SM, in order
     return true;
   };
   auto segment = [&](std::uint64_t bus, std::uint64_t len) {
@@ -172,8 +227,8 @@ BAM_DEVICE inline nvme::status gpu_engine_ref::execute(const nvme::command& cmd)
     done += len;
     return true;
   };
-  return walk_prp(cmd.prp1, cmd.prp2, static_cast<std::uint64_t>(nlb) * lba_size, 4096, read_list,
-                  segment);
+  return detail::walk_prp_device(cmd.prp1, cmd.prp2, static_cast<std::uint64_t>(nlb) * lba_size, 4096,
+                                 read_list, segment);
 }
 
 template <class Poll>
@@ -195,7 +250,14 @@ BAM_DEVICE bool gpu_engine_ref::serve(std::uint16_t qid, Poll&& poll) const {
   const std::uint64_t tail = c + (db + depth - c % depth) % depth;
   if (c >= tail) return false;
   if (!claim.compare_exchange_strong(c, c + 1, cuda::memory_order_acq_rel)) return false;
-  const nvme::command cmd = q.sq[c % depth];
+  nvme::command cmd;
+  {
+    // Not through L1: the slot was written by a submitter on another SM.
+    const auto* src = reinterpret_cast<const uint4*>(&q.sq[c % depth]);
+    auto* dst = reinterpret_cast<uint4*>(&cmd);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) dst[k] = gpu::ld_cg(src + k);
+  }
 
   // 2. Publish the fetch in order.
   const std::uint64_t deadline = bam::detail::now_ns() + timeout_ns;
@@ -247,8 +309,12 @@ BAM_DEVICE bool gpu_engine_ref::serve(std::uint16_t qid, Poll&& poll) const {
   const std::uint32_t phase = ((v / cdepth) & 1) ? 0u : 1u;
   e->dw0 = 0;
   e->dw1 = 0;
-  const std::uint32_t sq_head_pos =
-      static_cast<std::uint32_t>(fetched.load(cuda::memory_order_relaxed) % depth);
+  // The SQ head reported must never pass an entry not yet copied, and must
+  // not go backwards in CQ order (the consumer adds up the differences).
+  // Completions are posted out of fetch order, so report the count of CQ
+  // slots up to this one: each belongs to a command already fetched (one SQ
+  // per CQ, as bam's driver creates them), so it is a safe, monotonic bound.
+  const std::uint32_t sq_head_pos = static_cast<std::uint32_t>((v + 1) % depth);
   reinterpret_cast<std::uint32_t*>(e)[2] = sq_head_pos | (static_cast<std::uint32_t>(qid) << 16);
   const std::uint32_t dw3 = static_cast<std::uint32_t>(cmd.cid) |
                             ((static_cast<std::uint32_t>(st.raw) << 1 | phase) << 16);

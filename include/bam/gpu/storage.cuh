@@ -158,20 +158,35 @@ private:
   void* raw_;
 };
 
+//! Zeroed submitter state for GPU submitters. Managed memory kept on the GPU
+//! (where every atomic on it happens) because the host driver reads the
+//! `broken` flag of each queue when it deletes the queues.
+inline void* alloc_queue_state(std::size_t bytes) {
+  void* p = nullptr;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return nullptr;
+  if (cudaMallocManaged(&p, bytes) != cudaSuccess) return nullptr;
+#if CUDART_VERSION >= 13000
+  cudaMemLocation loc{};
+  loc.type = cudaMemLocationTypeDevice;
+  loc.id = dev;
+  (void)cudaMemAdvise(p, bytes, cudaMemAdviseSetPreferredLocation, loc);
+#else
+  (void)cudaMemAdvise(p, bytes, cudaMemAdviseSetPreferredLocation, dev);
+#endif
+  if (cudaMemset(p, 0, bytes) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
+    cudaFree(p);
+    return nullptr;
+  }
+  return p;
+}
+
 //! Controller options that put I/O queue rings and submitter state in GPU
 //! memory and hand GPU threads the doorbells (for the GPU engine or a real
 //! controller reached through the kernel module).
 inline controller_options gpu_queue_options(controller_options o = {}) {
   o.ring_alloc = [](transport& t, std::size_t bytes) { return device_region::make(t, bytes); };
-  o.state_alloc = [](std::size_t bytes) -> void* {
-    void* p = nullptr;
-    if (cudaMalloc(&p, bytes) != cudaSuccess) return nullptr;
-    if (cudaMemset(p, 0, bytes) != cudaSuccess) {
-      cudaFree(p);
-      return nullptr;
-    }
-    return p;
-  };
+  o.state_alloc = [](std::size_t bytes) { return alloc_queue_state(bytes); };
   o.state_free = [](void* p) { BAM_CUDA_LOG(cudaFree(p)); };
   o.device_doorbells = true;
   return o;
