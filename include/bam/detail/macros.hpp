@@ -15,6 +15,15 @@
 #define BAM_HOST
 #endif
 
+// Before a host/device function template that host code instantiates with
+// host-only callables (lambdas): their device instantiation is never used, so
+// nvcc's host/device call check is off for it.
+#if defined(__CUDACC__)
+#define BAM_EXEC_CHECK_DISABLE _Pragma("nv_exec_check_disable")
+#else
+#define BAM_EXEC_CHECK_DISABLE
+#endif
+
 // True while compiling device code (the nvcc device pass).
 #if defined(__CUDA_ARCH__)
 #define BAM_DEVICE_CODE 1

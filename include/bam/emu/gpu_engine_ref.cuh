@@ -134,58 +134,6 @@ BAM_DEVICE inline void copy_bytes(void* dst, const void* src, std::uint64_t len)
   }
 }
 
-//! `nvme::walk_prp` for device code. Same rules and checks; it exists because
-//! `walk_prp` takes the address of the host-only constant `status_success`
-//! (`cond ? status_success : ...`), which nvcc rejects in device code.
-//! TODO(lead): wrap those two returns in `status(...)` in prp.hpp and use walk_prp here.
-template <class ReadList, class Segment>
-BAM_DEVICE nvme::status walk_prp_device(std::uint64_t prp1, std::uint64_t prp2, std::uint64_t bytes,
-                                        std::uint64_t page_size, ReadList&& read_list, Segment&& segment) {
-  using namespace bam::nvme;
-  const status ok{};
-  const status bad_offset{status_type::generic, generic_status::invalid_prp_offset, true};
-  const status transfer_error{status_type::generic, generic_status::data_transfer_error, true};
-  if (bytes == 0) return ok;
-  if (!prp_offset_valid(prp1)) return bad_offset;
-  const std::uint64_t first_len = page_size - (prp1 % page_size);
-  const std::uint64_t len1 = bytes < first_len ? bytes : first_len;
-  if (!segment(prp1, len1)) return transfer_error;
-  std::uint64_t left = bytes - len1;
-  if (left == 0) return ok;
-  if (left <= page_size) {
-    if (prp2 % page_size != 0) return bad_offset;
-    return segment(prp2, left) ? ok : transfer_error;
-  }
-  if (prp2 % sizeof(std::uint64_t) != 0) return bad_offset;
-  const std::size_t per_page = prp_entries_per_page(page_size);
-  std::uint64_t list = prp2;
-  constexpr std::size_t chunk = 16;
-  std::uint64_t entries[chunk];
-  while (left > 0) {
-    const std::size_t slots_here = per_page - (list % page_size) / sizeof(std::uint64_t);
-    std::size_t idx = 0;
-    bool chained = false;
-    while (idx < slots_here && left > 0 && !chained) {
-      const std::size_t n = (slots_here - idx) < chunk ? (slots_here - idx) : chunk;
-      if (!read_list(list + idx * sizeof(std::uint64_t), entries, n)) return transfer_error;
-      for (std::size_t k = 0; k < n && left > 0; ++k, ++idx) {
-        const std::uint64_t pages_left = (left + page_size - 1) / page_size;
-        if (entries[k] % page_size != 0) return bad_offset;
-        if (idx == slots_here - 1 && pages_left > 1) { // a chain pointer
-          list = entries[k];
-          chained = true;
-          break;
-        }
-        const std::uint64_t len = left < page_size ? left : page_size;
-        if (!segment(entries[k], len)) return transfer_error;
-        left -= len;
-      }
-    }
-    if (!chained) break;
-  }
-  return left == 0 ? ok : transfer_error;
-}
-
 } // namespace detail
 
 BAM_DEVICE inline nvme::status gpu_engine_ref::execute(const nvme::command& cmd) const {
@@ -227,7 +175,7 @@ BAM_DEVICE inline nvme::status gpu_engine_ref::execute(const nvme::command& cmd)
     done += len;
     return true;
   };
-  return detail::walk_prp_device(cmd.prp1, cmd.prp2, static_cast<std::uint64_t>(nlb) * lba_size, 4096,
+  return nvme::walk_prp(cmd.prp1, cmd.prp2, static_cast<std::uint64_t>(nlb) * lba_size, 4096,
                                  read_list, segment);
 }
 
@@ -243,8 +191,11 @@ BAM_DEVICE bool gpu_engine_ref::serve(std::uint16_t qid, Poll&& poll) const {
   const std::uint32_t depth = q.sq_depth;
 
   // 1. Claim one entry between our virtual head and the tail doorbell.
+  // The claim count must be read before the doorbell (acquire orders the two):
+  // a doorbell older than the claim could wrap around and make an entry not
+  // yet written look fetchable.
   dev_atomic<std::uint64_t> claim(q.sq_claim);
-  std::uint64_t c = claim.load(cuda::memory_order_relaxed);
+  std::uint64_t c = claim.load(cuda::memory_order_acquire);
   const std::uint32_t db = sys_atomic<std::uint32_t>(doorbells[2 * qid]).load(cuda::memory_order_acquire);
   if (db >= depth) return false; // an invalid doorbell value: ignore it
   const std::uint64_t tail = c + (db + depth - c % depth) % depth;

@@ -158,23 +158,12 @@ private:
   void* raw_;
 };
 
-//! Zeroed submitter state for GPU submitters. Managed memory kept on the GPU
-//! (where every atomic on it happens) because the host driver reads the
-//! `broken` flag of each queue when it deletes the queues.
+//! Zeroed submitter state for GPU submitters, in GPU memory (every atomic on
+//! it happens on the GPU; the host driver never reads it).
 inline void* alloc_queue_state(std::size_t bytes) {
   void* p = nullptr;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return nullptr;
-  if (cudaMallocManaged(&p, bytes) != cudaSuccess) return nullptr;
-#if CUDART_VERSION >= 13000
-  cudaMemLocation loc{};
-  loc.type = cudaMemLocationTypeDevice;
-  loc.id = dev;
-  (void)cudaMemAdvise(p, bytes, cudaMemAdviseSetPreferredLocation, loc);
-#else
-  (void)cudaMemAdvise(p, bytes, cudaMemAdviseSetPreferredLocation, dev);
-#endif
-  if (cudaMemset(p, 0, bytes) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) {
+  if (cudaMalloc(&p, bytes) != cudaSuccess) return nullptr;
+  if (cudaMemset(p, 0, bytes) != cudaSuccess || cudaStreamSynchronize(nullptr) != cudaSuccess) {
     cudaFree(p);
     return nullptr;
   }

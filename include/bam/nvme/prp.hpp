@@ -77,21 +77,22 @@ BAM_HD inline bool build_prp(const std::uint64_t* page_bus, std::uint64_t offset
 //! each contiguous piece in order. `read_list(bus, dst, count)` must copy
 //! `count` list entries at `bus` into `dst` (returns false if it cannot).
 //! Returns a status: success, `invalid_prp_offset`, or `data_transfer_error`.
+BAM_EXEC_CHECK_DISABLE
 template <class ReadList, class Segment>
 BAM_HD status walk_prp(std::uint64_t prp1, std::uint64_t prp2, std::uint64_t bytes,
                        std::uint64_t page_size, ReadList&& read_list, Segment&& segment) {
   const status bad_offset{status_type::generic, generic_status::invalid_prp_offset, true};
   const status transfer_error{status_type::generic, generic_status::data_transfer_error, true};
-  if (bytes == 0) return status_success;
+  if (bytes == 0) return status();
   if (!prp_offset_valid(prp1)) return bad_offset;
   const std::uint64_t first_len = page_size - (prp1 % page_size);
   const std::uint64_t len1 = bytes < first_len ? bytes : first_len;
   if (!segment(prp1, len1)) return transfer_error;
   std::uint64_t left = bytes - len1;
-  if (left == 0) return status_success;
+  if (left == 0) return status();
   if (left <= page_size) {
     if (prp2 % page_size != 0) return bad_offset;
-    return segment(prp2, left) ? status_success : transfer_error;
+    return segment(prp2, left) ? status() : transfer_error;
   }
   // PRP2 is a list pointer; it may carry an offset (qword aligned).
   if (prp2 % sizeof(std::uint64_t) != 0) return bad_offset;
@@ -122,7 +123,7 @@ BAM_HD status walk_prp(std::uint64_t prp1, std::uint64_t prp2, std::uint64_t byt
     break;
   next_list:;
   }
-  return left == 0 ? status_success : transfer_error;
+  return left == 0 ? status() : transfer_error;
 }
 
 } // namespace bam::nvme

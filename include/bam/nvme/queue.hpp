@@ -111,13 +111,6 @@ struct no_idle {
 
 } // namespace detail
 
-// Host code passes host-only lambdas to the templates below; their device
-// instantiation is never used, so nvcc's host/device call check is off for them.
-#if defined(__CUDACC__)
-#define BAM_EXEC_CHECK_DISABLE _Pragma("nv_exec_check_disable")
-#else
-#define BAM_EXEC_CHECK_DISABLE
-#endif
 
 //! Largest command-id space the protocol uses per queue (CID is 16 bits).
 inline constexpr std::uint32_t max_cids = 65535;

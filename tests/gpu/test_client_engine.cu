@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: MIT
+// The CPU engine serving GPU clients: a GPU kernel on a plain file.
+#include "test_util.cuh"
+
+#include <catch2/catch_test_macros.hpp>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+namespace {
+
+__global__ void read_check_kernel(bam::array_ref<std::uint32_t> a, bam_test::layout l, int iters,
+                                  unsigned long long* bad) {
+  const std::uint64_t tid = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
+  unsigned long long b = 0;
+  for (int it = 0; it < iters; ++it) {
+    const std::uint64_t i = bam_test::rnd(tid * 31337 + it) % a.size();
+    b += a[i] != l.expected(i);
+  }
+  if (b) atomicAdd(bad, b);
+}
+
+__global__ void fill_kernel(bam::array_ref<std::uint32_t> a) {
+  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < a.size();
+       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
+    a.write(i, static_cast<std::uint32_t>(i * 2654435761u));
+}
+
+} // namespace
+
+TEST_CASE("CPU engine for GPU clients: random reads and writes on a file", "[gpu][client]") {
+  const std::string path = "/tmp/bam-gpu-client-" + std::to_string(::getpid()) + ".img";
+  {
+    bam::gpu::device dev("emu:file=" + path + ",size=16M,queues=16,depth=64,threads=2");
+    bam_test::fill_pattern(dev);
+    bam::page_cache cache({.page_size = 4096, .capacity = 4 << 20});
+    bam::array<std::uint32_t> a(cache, dev.storage(), (16ull << 20) / 4);
+    bam::gpu::device_buffer<unsigned long long> bad(1);
+    read_check_kernel<<<128, 128>>>(a.ref(), bam_test::layout{0, 4096, 512, 1}, 8, bad.get());
+    BAM_CUDA_TRY(cudaDeviceSynchronize());
+    REQUIRE_NOTHROW(a.check());
+    unsigned long long b = 1;
+    bam::gpu::copy_to_host(&b, bad.get(), 1);
+    CHECK(b == 0);
+
+    fill_kernel<<<64, 256>>>(a.ref());
+    BAM_CUDA_TRY(cudaDeviceSynchronize());
+    REQUIRE_NOTHROW(a.check());
+    REQUIRE_NOTHROW(cache.flush());
+  }
+  // The file itself holds what the GPU wrote.
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  REQUIRE(f != nullptr);
+  std::vector<std::uint32_t> data((16u << 20) / 4);
+  REQUIRE(std::fread(data.data(), 4, data.size(), f) == data.size());
+  std::fclose(f);
+  std::remove(path.c_str());
+  std::uint64_t bad = 0;
+  for (std::uint64_t i = 0; i < data.size(); ++i) bad += data[i] != static_cast<std::uint32_t>(i * 2654435761u);
+  CHECK(bad == 0);
+}
