@@ -165,13 +165,7 @@ public:
   std::uint32_t io_queue_depth() const { return io_depth_; }
   //! Handle of I/O queue `i` (queue id i + 1).
   nvme::queue_pair_ref io_queue(std::uint32_t i) const {
-    if (i >= io_.size()) {
-      error_context c;
-      c.controller = name_;
-      throw error("I/O queue index " + std::to_string(i) + " out of range (" +
-                      std::to_string(io_.size()) + " queues)",
-                  c);
-    }
+    check_queue_index(i);
     return io_[i].ref;
   }
   nvme::queue_pair_ref admin_queue() const { return admin_.ref; }
@@ -521,14 +515,18 @@ private:
     }
   }
 
-  const queue_resources& io_queue_res(std::uint32_t queue) const {
-    if (queue >= io_.size()) {
+  void check_queue_index(std::uint32_t i) const {
+    if (i >= io_.size()) {
       error_context c;
       c.controller = name_;
-      throw error("I/O queue index " + std::to_string(queue) + " out of range (" +
+      throw error("I/O queue index " + std::to_string(i) + " out of range (" +
                       std::to_string(io_.size()) + " queues)",
                   c);
     }
+  }
+
+  const queue_resources& io_queue_res(std::uint32_t queue) const {
+    check_queue_index(queue);
     if (opts_.device_doorbells) {
       error_context c;
       c.controller = name_;

@@ -6,7 +6,8 @@ set -euo pipefail
 build=$1 src=$(cd "$(dirname "$0")" && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-cmake --install "$build" --prefix "$work/prefix" >/dev/null
-cmake -S "$src" -B "$work/build" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
-cmake --build "$work/build" >/dev/null
+quiet() { "$@" >"$work/log" 2>&1 || { cat "$work/log"; exit 1; }; }
+quiet cmake --install "$build" --prefix "$work/prefix"
+quiet cmake -S "$src" -B "$work/build" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix"
+quiet cmake --build "$work/build"
 "$work/build/consumer"

@@ -15,6 +15,7 @@
 #include <bam/emu/gpu_client_engine.cuh>
 #include <bam/emu/gpu_engine.cuh>
 #include <bam/gpu/storage.cuh>
+#include <bam/open.hpp>
 #include <bam/pci_transport.hpp>
 
 #include <memory>
@@ -64,15 +65,8 @@ public:
     }
     case device_kind::emu_cpu: {
       for (std::uint32_t i = 0; i < spec.ssds; ++i) {
-        std::shared_ptr<emu::media> m;
-        std::uint64_t bytes = spec.bytes;
-        if (spec.media == "file") {
-          const std::string path = spec.ssds == 1 ? spec.path : spec.path + "." + std::to_string(i);
-          m = emu::make_file_media(path, bytes, /*create=*/bytes != 0);
-          bytes = m->size();
-        } else {
-          m = emu::make_ram_media(bytes);
-        }
+        std::shared_ptr<emu::media> m = open_emu_media(spec, i);
+        const std::uint64_t bytes = m->size();
         auto engine = std::make_shared<emu::gpu_client_engine>(m, spec.lba_size, spec.io_queues, spec.threads);
         emu::controller_config cc;
         cc.namespaces.push_back({bytes / spec.lba_size, spec.lba_size, m});

@@ -345,26 +345,14 @@ struct queue_pair_ref {
     const std::uint32_t cid = static_cast<std::uint32_t>(ticket % ncids);
     const std::uint32_t turn = static_cast<std::uint32_t>(ticket / ncids);
     device_atomic<std::uint32_t> done(cids[cid].done);
-    const std::uint64_t deadline = bam::detail::now_ns() + timeout_ns;
-    bam::detail::backoff pause;
-    for (;;) {
-      if (done.load(cuda::memory_order_acquire) != 0) {
-        const status st(static_cast<std::uint16_t>(cids[cid].status));
-        if (dw0 != nullptr) *dw0 = cids[cid].dw0;
-        done.store(0, cuda::memory_order_relaxed);
-        device_atomic<std::uint32_t>(cids[cid].free_turn).store(turn + 1, cuda::memory_order_release);
-        return st;
-      }
-      ring();
-      idle();
-      if (poll() != 0) continue;
-      if (broken()) return status_queue_broken;
-      if (bam::detail::now_ns() > deadline) {
-        mark_broken();
-        return status_timeout;
-      }
-      pause();
-    }
+    const status waited =
+        drive_until([&] { return done.load(cuda::memory_order_acquire) != 0; }, idle);
+    if (!waited.ok()) return waited;
+    const status st(static_cast<std::uint16_t>(cids[cid].status));
+    if (dw0 != nullptr) *dw0 = cids[cid].dw0;
+    done.store(0, cuda::memory_order_relaxed);
+    device_atomic<std::uint32_t>(cids[cid].free_turn).store(turn + 1, cuda::memory_order_release);
+    return st;
   }
 
   BAM_HD status wait(std::uint64_t ticket, std::uint32_t* dw0 = nullptr) const {
@@ -375,15 +363,27 @@ struct queue_pair_ref {
   BAM_EXEC_CHECK_DISABLE
   template <class Idle>
   BAM_HD status wait(const completion_record& record, std::uint32_t* dw0, Idle&& idle) const {
-    using detail::device_atomic;
-    device_atomic<std::uint32_t> done(const_cast<std::uint32_t&>(record.done));
+    detail::device_atomic<std::uint32_t> done(const_cast<std::uint32_t&>(record.done));
+    const status waited =
+        drive_until([&] { return done.load(cuda::memory_order_acquire) != 0; }, idle);
+    if (!waited.ok()) return waited;
+    if (dw0 != nullptr) *dw0 = record.dw0;
+    return status(static_cast<std::uint16_t>(record.status));
+  }
+  BAM_HD status wait(const completion_record& record, std::uint32_t* dw0 = nullptr) const {
+    return wait(record, dw0, detail::no_idle{});
+  }
+
+  //! Drive the queue (publish, `idle()`, consume completions) until `filed()`
+  //! holds. Returns success, or the timeout (which breaks the queue) or
+  //! broken status. The deadline counts from the call.
+  BAM_EXEC_CHECK_DISABLE
+  template <class Filed, class Idle>
+  BAM_HD status drive_until(Filed&& filed, Idle&& idle) const {
     const std::uint64_t deadline = bam::detail::now_ns() + timeout_ns;
     bam::detail::backoff pause;
     for (;;) {
-      if (done.load(cuda::memory_order_acquire) != 0) {
-        if (dw0 != nullptr) *dw0 = record.dw0;
-        return status(static_cast<std::uint16_t>(record.status));
-      }
+      if (filed()) return status{};
       ring();
       idle();
       if (poll() != 0) continue;
@@ -394,9 +394,6 @@ struct queue_pair_ref {
       }
       pause();
     }
-  }
-  BAM_HD status wait(const completion_record& record, std::uint32_t* dw0 = nullptr) const {
-    return wait(record, dw0, detail::no_idle{});
   }
 
   //! Submit and wait.
