@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
     bam::controller ctrl(transports.at(0), opts);
 
     const auto& ns = ctrl.namespaces().at(0);
-    std::printf("controller   %s\n", ctrl.name().c_str());
+    std::printf("device       %s (controller %s)\n", device.c_str(), ctrl.name().c_str());
     std::printf("model        %s\nserial       %s\nfirmware     %s\n", ctrl.model().c_str(),
                 ctrl.serial().c_str(), ctrl.firmware().c_str());
     std::printf("namespace    %u: %llu blocks of %u B (%.1f MiB)\n", ns.nsid,

@@ -51,7 +51,7 @@ inline std::vector<std::shared_ptr<transport>> open_host_transports(const device
       cfg.max_queue_entries = std::max<std::uint32_t>(spec.queue_depth, 2);
       cfg.max_io_queues = spec.io_queues;
       cfg.engine_threads = spec.threads;
-      cfg.name = spec.ssds == 1 ? spec.text : spec.text + "#" + std::to_string(i);
+      cfg.name = "emu" + std::to_string(i); // also the serial number's suffix
       out.push_back(emu::make_controller(std::move(cfg)));
     }
     break;
