@@ -38,6 +38,19 @@ inline std::shared_ptr<emu::media> open_emu_media(const device_spec& spec, std::
   throw error("media '" + spec.media + "' is served by the GPU engine only (emu-gpu:)", c);
 }
 
+//! Configuration of software controller `index` of an `emu:`/`emu-gpu:` spec
+//! with one namespace over `media` (the engine is the caller's to set).
+inline emu::controller_config emu_config(const device_spec& spec, std::uint32_t index,
+                                         std::shared_ptr<emu::media> media, const std::string& prefix = "emu") {
+  emu::controller_config cfg;
+  cfg.namespaces = {emu::namespace_config{media->size() / spec.lba_size, spec.lba_size, std::move(media)}};
+  cfg.max_queue_entries = std::max<std::uint32_t>(spec.queue_depth, 2);
+  cfg.max_io_queues = spec.io_queues;
+  cfg.engine_threads = spec.threads;
+  cfg.name = prefix + std::to_string(index); // also the serial number's suffix
+  return cfg;
+}
+
 //! One transport per controller the spec names, for host-driven I/O:
 //! software controllers with the CPU engine, or kernel-module devices.
 inline std::vector<std::shared_ptr<transport>> open_host_transports(const device_spec& spec) {
@@ -45,14 +58,7 @@ inline std::vector<std::shared_ptr<transport>> open_host_transports(const device
   switch (spec.kind) {
   case device_kind::emu_cpu:
     for (std::uint32_t i = 0; i < spec.ssds; ++i) {
-      auto media = open_emu_media(spec, i);
-      emu::controller_config cfg;
-      cfg.namespaces = {emu::namespace_config{media->size() / spec.lba_size, spec.lba_size, media}};
-      cfg.max_queue_entries = std::max<std::uint32_t>(spec.queue_depth, 2);
-      cfg.max_io_queues = spec.io_queues;
-      cfg.engine_threads = spec.threads;
-      cfg.name = "emu" + std::to_string(i); // also the serial number's suffix
-      out.push_back(emu::make_controller(std::move(cfg)));
+      out.push_back(emu::make_controller(emu_config(spec, i, open_emu_media(spec, i))));
     }
     break;
   case device_kind::pci:

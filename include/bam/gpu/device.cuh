@@ -48,13 +48,9 @@ public:
         ec.latency_ns = spec.latency_ns;
         ec.timeout_ns = spec.timeout_ns;
         auto engine = std::make_shared<emu::gpu_engine>(ec);
-        emu::controller_config cc;
-        cc.namespaces.push_back({spec.bytes / spec.lba_size, spec.lba_size, engine->namespace_media()});
-        cc.max_queue_entries = std::max<std::uint32_t>(spec.queue_depth, 2);
-        cc.max_io_queues = spec.io_queues;
+        emu::controller_config cc = emu_config(spec, i, engine->namespace_media(), "emu-gpu");
         cc.identity_dma = true;
         cc.io_engine = engine;
-        cc.name = "emu-gpu" + std::to_string(i);
         auto ec_ctrl = emu::make_controller(std::move(cc));
         gpu_engines_.push_back(engine);
         emu_.push_back(ec_ctrl);
@@ -66,15 +62,10 @@ public:
     case device_kind::emu_cpu: {
       for (std::uint32_t i = 0; i < spec.ssds; ++i) {
         std::shared_ptr<emu::media> m = open_emu_media(spec, i);
-        const std::uint64_t bytes = m->size();
         auto engine = std::make_shared<emu::gpu_client_engine>(m, spec.lba_size, spec.io_queues, spec.threads);
-        emu::controller_config cc;
-        cc.namespaces.push_back({bytes / spec.lba_size, spec.lba_size, m});
-        cc.max_queue_entries = std::max<std::uint32_t>(spec.queue_depth, 2);
-        cc.max_io_queues = spec.io_queues;
+        emu::controller_config cc = emu_config(spec, i, m);
         cc.identity_dma = true;
         cc.io_engine = engine;
-        cc.name = "emu" + std::to_string(i);
         auto ec_ctrl = emu::make_controller(std::move(cc));
         client_engines_.push_back(engine);
         emu_.push_back(ec_ctrl);
