@@ -48,31 +48,75 @@ __global__ void xor_kernel(bam::array_ref<std::uint32_t> r, std::uint32_t* o) {
 
 } // namespace
 
+namespace {
+
+struct direct_run {
+  double seconds;
+  unsigned long long bad;    // words that differ from the pattern
+  unsigned long long errors; // commands that failed
+};
+
+// `nblk` x `nthr` threads each read `blocks` blocks `iters` times from controller 0.
+direct_run run_direct_reads(bam::gpu::device& dev, int nblk, int nthr, std::uint32_t blocks,
+                            std::uint32_t iters) {
+  auto& s = dev.storage();
+  const std::size_t bytes = static_cast<std::size_t>(nblk) * nthr * (blocks * 512 + 512);
+  bam::gpu::device_buffer<std::uint8_t> buf(bytes + 8192);
+  void* aligned = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(buf.get()) + 4095) / 4096 * 4096);
+  auto mapping = s.map(aligned, (bytes + 4095) / 4096 * 4096);
+  const std::uint64_t* bus = nullptr;
+  bam::gpu::copy_to_host(&bus, mapping->bus_tables(), 1);
+  bam::gpu::device_buffer<unsigned long long> counters(2);
+  cudaEvent_t start, stop;
+  BAM_CUDA_TRY(cudaEventCreate(&start));
+  BAM_CUDA_TRY(cudaEventCreate(&stop));
+  BAM_CUDA_TRY(cudaEventRecord(start));
+  direct_read_kernel<<<nblk, nthr>>>(s.ref(0), bus, static_cast<std::uint8_t*>(aligned), blocks, iters, 0,
+                                     counters.get(), counters.get() + 1);
+  BAM_CUDA_TRY(cudaGetLastError());
+  BAM_CUDA_TRY(cudaEventRecord(stop));
+  BAM_CUDA_TRY(cudaDeviceSynchronize());
+  float ms = 0;
+  BAM_CUDA_TRY(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  unsigned long long c[2];
+  bam::gpu::copy_to_host(c, counters.get(), 2);
+  return {ms / 1000.0, c[0], c[1]};
+}
+
+} // namespace
+
 TEST_CASE("GPU threads drive small queues hard: PRP lists, wrap-around, cid reuse", "[gpu][engine]") {
   // 4 queues of 16 entries for 16,384 threads, 64 KiB transfers (PRP lists).
   bam::gpu::device dev("emu-gpu:ram=64M,queues=4,depth=16");
   bam_test::fill_pattern(dev);
-  auto& s = dev.storage();
-  const std::uint32_t blocks = 128; // 64 KiB
   const int nblk = 64, nthr = 256;
-  const std::size_t bytes = static_cast<std::size_t>(nblk) * nthr * (blocks * 512 + 512);
-  bam::gpu::device_buffer<std::uint8_t> buf(bytes + 4096);
-  void* aligned = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(buf.get()) + 4095) / 4096 * 4096);
-  auto mapping = s.map(aligned, bytes / 4096 * 4096);
-  const std::uint64_t* bus = nullptr;
-  bam::gpu::copy_to_host(&bus, mapping->bus_tables(), 1);
-  bam::gpu::device_buffer<unsigned long long> counters(2);
-  direct_read_kernel<<<nblk, nthr>>>(s.ref(0), bus, static_cast<std::uint8_t*>(aligned), blocks, 4, 0,
-                                     counters.get(), counters.get() + 1);
-  BAM_CUDA_TRY(cudaGetLastError());
-  BAM_CUDA_TRY(cudaDeviceSynchronize());
-  unsigned long long c[2];
-  bam::gpu::copy_to_host(c, counters.get(), 2);
-  CHECK(c[1] == 0);
-  CHECK(c[0] == 0);
+  const direct_run r = run_direct_reads(dev, nblk, nthr, /*blocks=*/128, /*iters=*/4);
+  CHECK(r.errors == 0);
+  CHECK(r.bad == 0);
   std::uint64_t served = 0;
   for (std::uint16_t q = 1; q <= 4; ++q) served += dev.gpu_engines()[0]->served(q);
   CHECK(served == static_cast<std::uint64_t>(nblk) * nthr * 4);
+}
+
+TEST_CASE("the SSD model holds commands to its IOPS limit and its latency", "[gpu][engine]") {
+  SECTION("iops=100K: 2,048 reads take at least 2,047 x 10 us") {
+    bam::gpu::device dev("emu-gpu:hbm=16M,queues=8,depth=64,iops=100K");
+    bam_test::fill_pattern(dev);
+    const direct_run r = run_direct_reads(dev, 8, 256, 1, 1);
+    CHECK(r.errors == 0);
+    CHECK(r.bad == 0);
+    CHECK(r.seconds >= 2047 * 10e-6 * 0.95);
+  }
+  SECTION("latency=2ms: four reads in a row take at least 8 ms") {
+    bam::gpu::device dev("emu-gpu:hbm=16M,queues=2,depth=8,latency=2ms");
+    bam_test::fill_pattern(dev);
+    const direct_run r = run_direct_reads(dev, 1, 1, 1, 4);
+    CHECK(r.errors == 0);
+    CHECK(r.bad == 0);
+    CHECK(r.seconds >= 4 * 2e-3 * 0.95);
+  }
 }
 
 TEST_CASE("no persistent kernel: launch + cudaDeviceSynchronize works with lazy loading", "[gpu][engine][sanitize]") {
