@@ -46,20 +46,40 @@ namespace bam::gpu {
 
 namespace bam::gpu {
 
-//! Zeroed device memory of `count` elements of T (cudaMalloc).
-template <class T>
-class device_buffer {
-public:
-  device_buffer() = default;
-  explicit device_buffer(std::size_t count) : count_(count) {
-    if (count == 0) return;
-    BAM_CUDA_TRY(cudaMalloc(&ptr_, bytes()));
-    BAM_CUDA_TRY(cudaMemset(ptr_, 0, bytes()));
+//! cudaMalloc'ed memory, zeroed on the device.
+struct device_allocation {
+  static void* allocate(std::size_t bytes) {
+    void* p = nullptr;
+    BAM_CUDA_TRY(cudaMalloc(&p, bytes));
+    BAM_CUDA_TRY(cudaMemset(p, 0, bytes));
+    return p;
   }
-  ~device_buffer() { reset(); }
-  device_buffer(device_buffer&& o) noexcept
+  static void release(void* p) { BAM_CUDA_LOG(cudaFree(p)); }
+};
+
+//! Pinned host memory mapped into the GPU's address space (UVA), zeroed.
+struct pinned_allocation {
+  static void* allocate(std::size_t bytes) {
+    void* p = nullptr;
+    BAM_CUDA_TRY(cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+    std::memset(p, 0, bytes);
+    return p;
+  }
+  static void release(void* p) { BAM_CUDA_LOG(cudaFreeHost(p)); }
+};
+
+//! `count` zeroed elements of T owned by this object; `Allocation` says where.
+template <class T, class Allocation>
+class cuda_buffer {
+public:
+  cuda_buffer() = default;
+  explicit cuda_buffer(std::size_t count) : count_(count) {
+    if (count != 0) ptr_ = static_cast<T*>(Allocation::allocate(bytes()));
+  }
+  ~cuda_buffer() { reset(); }
+  cuda_buffer(cuda_buffer&& o) noexcept
       : ptr_(std::exchange(o.ptr_, nullptr)), count_(std::exchange(o.count_, 0)) {}
-  device_buffer& operator=(device_buffer&& o) noexcept {
+  cuda_buffer& operator=(cuda_buffer&& o) noexcept {
     if (this != &o) {
       reset();
       ptr_ = std::exchange(o.ptr_, nullptr);
@@ -68,7 +88,7 @@ public:
     return *this;
   }
   void reset() {
-    if (ptr_ != nullptr) BAM_CUDA_LOG(cudaFree(ptr_));
+    if (ptr_ != nullptr) Allocation::release(ptr_);
     ptr_ = nullptr;
     count_ = 0;
   }
@@ -80,43 +100,15 @@ private:
   T* ptr_ = nullptr;
   std::size_t count_ = 0;
 };
+
+//! Zeroed device memory of `count` elements of T (cudaMalloc).
+template <class T>
+using device_buffer = cuda_buffer<T, device_allocation>;
 
 //! Zeroed pinned host memory, mapped into the GPU's address space (UVA: the
 //! same pointer works on host and device).
 template <class T>
-class pinned_buffer {
-public:
-  pinned_buffer() = default;
-  explicit pinned_buffer(std::size_t count) : count_(count) {
-    if (count == 0) return;
-    BAM_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&ptr_), bytes(),
-                               cudaHostAllocMapped | cudaHostAllocPortable));
-    std::memset(static_cast<void*>(ptr_), 0, bytes());
-  }
-  ~pinned_buffer() { reset(); }
-  pinned_buffer(pinned_buffer&& o) noexcept
-      : ptr_(std::exchange(o.ptr_, nullptr)), count_(std::exchange(o.count_, 0)) {}
-  pinned_buffer& operator=(pinned_buffer&& o) noexcept {
-    if (this != &o) {
-      reset();
-      ptr_ = std::exchange(o.ptr_, nullptr);
-      count_ = std::exchange(o.count_, 0);
-    }
-    return *this;
-  }
-  void reset() {
-    if (ptr_ != nullptr) BAM_CUDA_LOG(cudaFreeHost(ptr_));
-    ptr_ = nullptr;
-    count_ = 0;
-  }
-  T* get() const noexcept { return ptr_; }
-  std::size_t size() const noexcept { return count_; }
-  std::size_t bytes() const noexcept { return count_ * sizeof(T); }
-
-private:
-  T* ptr_ = nullptr;
-  std::size_t count_ = 0;
-};
+using pinned_buffer = cuda_buffer<T, pinned_allocation>;
 
 //! Copy `n` objects to the device (synchronous).
 template <class T>
