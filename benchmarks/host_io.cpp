@@ -39,7 +39,7 @@ void queue_protocol(benchmark::State& state) {
 BENCHMARK(queue_protocol)->Arg(64)->Arg(1024)->ThreadRange(1, 8)->UseRealTime();
 
 struct emu_fixture {
-  std::shared_ptr<bam::emu::controller> emu;
+  std::shared_ptr<bam::emu::emulated_controller> emu;
   std::unique_ptr<bam::controller> ctrl;
   emu_fixture() {
     bam::emu::controller_config cfg;

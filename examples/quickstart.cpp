@@ -6,7 +6,7 @@
 //   quickstart --device emu:file=/tmp/disk.img,size=256M --threads 4 --queues 4
 //   quickstart --device /dev/bam-nvme0          # a real SSD bound to bam's module
 #include <bam/controller.hpp>
-#include <bam/open.hpp>
+#include <bam/controller.hpp>
 
 #include <CLI/CLI.hpp>
 

@@ -11,8 +11,9 @@
 //! @endcode
 #pragma once
 
-#include <bam/emu/controller.hpp>
 #include <bam/emu/cpu_engine.hpp>
+#include <bam/emu/emulated_controller.hpp>
 #include <bam/emu/engine.hpp>
-#include <bam/emu/faults.hpp>
+#include <bam/emu/fault_table.hpp>
 #include <bam/emu/media.hpp>
+#include <bam/emu/nvm_executor.hpp>

@@ -15,7 +15,10 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <functional>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -85,6 +88,36 @@ private:
   c.controller = std::move(controller);
   c.errnum = errnum;
   throw error(what_failed, std::move(c));
+}
+
+//! Where bam reports what it cannot throw (failures during teardown, in
+//! destructors): by default one line on stderr. A program or test may route
+//! the lines elsewhere; `nullptr` restores the default.
+using warning_handler = std::function<void(const std::string&)>;
+
+namespace detail {
+struct warning_sink {
+  std::mutex mutex;
+  warning_handler handler;
+};
+inline warning_sink& warnings() {
+  static warning_sink s;
+  return s;
+}
+} // namespace detail
+
+inline void set_warning_handler(warning_handler h) {
+  auto& s = detail::warnings();
+  std::lock_guard lock(s.mutex);
+  s.handler = std::move(h);
+}
+
+//! Report a failure that cannot be thrown ("bam: " is prefixed).
+inline void warn(const std::string& what) {
+  auto& s = detail::warnings();
+  std::lock_guard lock(s.mutex);
+  if (s.handler) s.handler("bam: " + what);
+  else std::fprintf(stderr, "bam: %s\n", what.c_str());
 }
 
 } // namespace bam

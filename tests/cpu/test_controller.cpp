@@ -32,7 +32,7 @@ std::uint8_t pattern(std::uint64_t lba, std::uint32_t gen, std::uint32_t k) {
   return static_cast<std::uint8_t>(x >> ((k % 8) * 8));
 }
 
-std::shared_ptr<emu::controller> ram_controller(std::uint64_t blocks, emu::controller_config cfg = {}) {
+std::shared_ptr<emu::emulated_controller> ram_controller(std::uint64_t blocks, emu::controller_config cfg = {}) {
   cfg.namespaces = {emu::namespace_config{blocks, lba_size, nullptr}};
   return emu::make_controller(cfg);
 }

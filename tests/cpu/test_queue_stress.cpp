@@ -48,13 +48,13 @@ void submit_all(const nvme::queue_pair_ref& q, outcome& out, int thread, std::ui
       c2.cdw12 = id + 1;
       std::uint64_t t1 = 0, t2 = 0;
       nvme::completion_record r1, r2;
-      if (!q.submit(c, t1, r1).ok() || !q.submit(c2, t2, r2).ok()) {
+      if (!q.submit(c, t1, &r1).ok() || !q.submit(c2, t2, &r2).ok()) {
         out.failed.fetch_add(1);
         continue;
       }
       std::uint32_t d1 = 0, d2 = 0;
-      const nvme::status s2 = q.wait(r2, &d2);
-      const nvme::status s1 = q.wait(r1, &d1);
+      const nvme::status s2 = q.wait(t2, r2, &d2);
+      const nvme::status s1 = q.wait(t1, r1, &d1);
       if (!s1.ok() || !s2.ok()) {
         out.failed.fetch_add(1);
         continue;
@@ -105,18 +105,18 @@ TEST_CASE("queue protocol: contiguous ready slots are published with one doorbel
   auto* lock = &q.counters->sq_lock;
   cuda::atomic_ref<std::uint32_t, cuda::thread_scope_device>(*lock).store(1);
   nvme::completion_record rec[10];
+  std::uint64_t tickets[10] = {};
   for (std::uint32_t i = 0; i < 10; ++i) {
-    std::uint64_t ticket = 0;
     nvme::command c = nvme::make_command(0x80);
     c.cdw12 = i;
-    REQUIRE(q.submit(c, ticket, rec[i]).ok());
+    REQUIRE(q.submit(c, tickets[i], &rec[i]).ok());
   }
   CHECK(q.counters->submitted == 0); // nothing rung while the lock is held
   cuda::atomic_ref<std::uint32_t, cuda::thread_scope_device>(*lock).store(0);
   q.ring();
   CHECK(q.counters->submitted == 10);
   CHECK(q.counters->doorbells == 1);
-  for (auto& r : rec) CHECK(q.wait(r).ok());
+  for (std::uint32_t i = 0; i < 10; ++i) CHECK(q.wait(tickets[i], rec[i]).ok());
 }
 
 TEST_CASE("queue protocol: error statuses reach the submitter of that command", "[queue]") {
@@ -194,7 +194,7 @@ TEST_CASE("queue protocol: no ready entry is left unpublished when two submitter
       std::uint64_t ticket = 0;
       nvme::command c = nvme::make_command(0x80);
       c.cdw12 = static_cast<std::uint32_t>(r * 2 + me);
-      if (!q.submit(c, ticket, rec[me]).ok()) failures.fetch_add(1);
+      if (!q.submit(c, ticket, &rec[me]).ok()) failures.fetch_add(1);
       // Both submit() calls have returned: both entries must be rung by now.
       // Two barriers a round; barrier k is passed when `arrived` reaches 2k.
       arrived.fetch_add(1);
@@ -204,7 +204,7 @@ TEST_CASE("queue protocol: no ready entry is left unpublished when two submitter
             cuda::atomic_ref<std::uint64_t, cuda::thread_scope_device>(q.counters->sq_tail).load();
         if (tail != static_cast<std::uint64_t>(2 * r + 2)) unpublished.fetch_add(1);
       }
-      if (!q.wait(rec[me]).ok()) failures.fetch_add(1);
+      if (!q.wait(ticket, rec[me]).ok()) failures.fetch_add(1);
       arrived.fetch_add(1);
       while (arrived.load() < 4 * r + 4) std::this_thread::yield();
     }

@@ -112,7 +112,7 @@ emu::controller_config ram_config(std::uint64_t blocks = 1 << 14, std::uint32_t 
 
 //! A controller brought up by hand, with helpers for commands and buffers.
 struct harness {
-  std::shared_ptr<emu::controller> ctrl;
+  std::shared_ptr<emu::emulated_controller> ctrl;
   std::uint32_t dstrd;
   host_queue admin;
   std::map<std::uint16_t, host_queue> io;
@@ -867,7 +867,7 @@ TEST_CASE("emu: a full CQ holds completions back until the head doorbell moves",
     cmds[i] = nvme::make_flush(1);
     cmds[i].cid = static_cast<std::uint16_t>(100 + i);
   }
-  nvme::detail::mmio_write32(sq_db, total);
+  nvme::detail::doorbell_write(sq_db, total, nvme::memory_scope::system);
 
   std::uint32_t head = 0, phase = 1, seen = 0;
   while (seen < total) {
@@ -907,7 +907,7 @@ TEST_CASE("emu: a full CQ holds completions back until the head doorbell moves",
         phase ^= 1;
       }
     }
-    nvme::detail::mmio_write32(cq_db, head);
+    nvme::detail::doorbell_write(cq_db, head, nvme::memory_scope::system);
   }
   CHECK(h.ctrl->commands_processed(1) == total);
 }
@@ -928,7 +928,7 @@ TEST_CASE("emu: completions report the SQ head and wrap the SQ", "[emu][queues]"
     cmds[tail] = nvme::make_flush(1);
     cmds[tail].cid = static_cast<std::uint16_t>(i);
     tail = (tail + 1) % depth;
-    nvme::detail::mmio_write32(sq_db, tail);
+    nvme::detail::doorbell_write(sq_db, tail, nvme::memory_scope::system);
     REQUIRE(wait_for([&] { return cqe_phase(cqes[i]); }, ready_wait_ns));
     CHECK(cqes[i].cid == i);
     CHECK(cqes[i].sq_head == tail);
@@ -1158,11 +1158,11 @@ TEST_CASE("emu: another I/O engine plugs in through the config", "[emu][engine]"
   struct counting_engine final : emu::io_engine {
     emu::cpu_engine inner{1, "plug"};
     std::atomic<int> created{0}, deleted{0}, resets{0}, bad{0};
-    void queue_created(const emu::queue_info& q) override {
+    nvme::status queue_created(const emu::queue_info& q) override {
       ++created;
       if (q.qid == 0 || q.cq == nullptr || q.sq == nullptr || !q.process)
         ++bad; // no CHECK off the test thread
-      inner.queue_created(q);
+      return inner.queue_created(q);
     }
     void queue_deleted(std::uint16_t sqid) override {
       ++deleted;
@@ -1172,7 +1172,6 @@ TEST_CASE("emu: another I/O engine plugs in through the config", "[emu][engine]"
       ++resets;
       inner.reset();
     }
-    void pause(bool stop) override { inner.pause(stop); }
   };
   auto engine = std::make_shared<counting_engine>();
   auto cfg = ram_config();
@@ -1192,7 +1191,7 @@ TEST_CASE("emu: another I/O engine plugs in through the config", "[emu][engine]"
     CHECK(h.ctrl->commands_processed(2) == 1);
     nvme::command direct = nvme::make_read(1, 1, 8, buf->bus_address(0), 0);
     std::memset(buf->data(), 0, page);
-    CHECK(h.ctrl->execute_nvm(direct).status == nvme::status_success);
+    CHECK(h.ctrl->process(direct, 2).status == nvme::status_success);
     CHECK(check_lbas(buf->data(), 1, 8, 512, 6) == 0);
   }
   CHECK(engine->resets >= 1); // the controller's destructor lets go of the queues

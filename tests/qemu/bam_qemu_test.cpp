@@ -8,7 +8,7 @@
 //   bam_qemu_test identify|io|dmabuf|args|unpriv|fork|kill|mark DEV [blocks threads]
 #include <bam/controller.hpp>
 #include <bam/kmod_abi.h>
-#include <bam/pci_transport.hpp>
+#include <bam/transport/pci.hpp>
 
 #include "bam_test_dmabuf.h"
 

@@ -17,6 +17,7 @@
 
 #include <bam/detail/macros.hpp>
 #include <bam/emu/engine.hpp>
+#include <bam/emu/fault_table.hpp>
 
 #include <pthread.h>
 
@@ -44,7 +45,9 @@ inline constexpr std::chrono::microseconds idle_sleep{20};
 class cpu_engine final : public io_engine {
 public:
   //! Start `threads` (at least 1) polling threads, named "bam-<name>-<i>".
-  explicit cpu_engine(std::uint32_t threads, const std::string& name = "emu") {
+  //! `faults` (may be null) says when the controller stops answering.
+  explicit cpu_engine(std::uint32_t threads, const std::string& name = "emu", const fault_table* faults = nullptr)
+      : faults_(faults) {
     const std::uint32_t n = std::max<std::uint32_t>(threads, 1);
     for (std::uint32_t i = 0; i < n; ++i)
       workers_.push_back(std::make_unique<worker>());
@@ -65,12 +68,13 @@ public:
 
   std::uint32_t threads() const { return static_cast<std::uint32_t>(workers_.size()); }
 
-  void queue_created(const queue_info& q) override {
+  nvme::status queue_created(const queue_info& q) override {
     worker& w = *workers_[q.cq->cqid % workers_.size()];
     auto sq = std::make_unique<sq_runtime>();
     sq->info = q;
     std::lock_guard lock(w.mutex);
     w.sqs.push_back(std::move(sq));
+    return nvme::status_success;
   }
 
   void queue_deleted(std::uint16_t sqid) override {
@@ -103,7 +107,6 @@ public:
     }
   }
 
-  void pause(bool stop) override { paused_.store(stop, std::memory_order_release); }
 
 private:
   struct sq_runtime {
@@ -126,7 +129,7 @@ private:
 
   static void post_reserved(const pending_completion& p) {
     cq_state& cq = *p.sq->info.cq;
-    --cq.reserved;
+    --cq.promised;
     detail::post_completion(cq, p.sq->info.qid, static_cast<std::uint16_t>(p.sq->head), p.cid,
                             p.status, p.dw0);
   }
@@ -138,7 +141,7 @@ private:
       bool progressed = false;
       {
         std::lock_guard lock(w.mutex);
-        if (!paused_.load(std::memory_order_acquire)) progressed = pass(w, next_due);
+        if (faults_ == nullptr || !faults_->is_paused()) progressed = pass(w, next_due);
       }
       if (progressed) {
         idle = 0;
@@ -193,7 +196,7 @@ private:
         if (out.drop) continue;
         if (out.delay_ns != 0) {
           now = bam::detail::now_ns();
-          ++cq.reserved;
+          ++cq.promised;
           w.pending.push_back({now + out.delay_ns, &sq, cmd.cid, out.status, out.dw0});
           next_due = std::min(next_due, now + out.delay_ns);
           continue;
@@ -207,7 +210,7 @@ private:
 
   std::vector<std::unique_ptr<worker>> workers_;
   std::atomic<bool> stop_{false};
-  std::atomic<bool> paused_{false};
+  const fault_table* faults_;
 };
 
 } // namespace bam::emu

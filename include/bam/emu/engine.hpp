@@ -1,20 +1,21 @@
 // SPDX-License-Identifier: MIT
 //! The interface between the software controller and the engines that serve
-//! its queues. The controller decodes registers and admin commands; an engine
-//! fetches submission queue entries, has the controller execute them and
-//! posts completions. The CPU engine (`cpu_engine.hpp`) serves the admin queue
-//! always and the I/O queues by default; another engine (a GPU one, say) can
-//! serve the I/O queues instead through `controller_config::io_engine`.
+//! its queues, and the one completion writer every engine posts with.
+//!
+//! The controller decodes registers and admin commands; an engine fetches
+//! submission queue entries, has them executed (`emu::process_nvm`, the one
+//! command executor) and posts completions (`emu::write_completion`). The
+//! CPU engine (`cpu_engine.hpp`) serves the admin queue always and the I/O
+//! queues by default; another engine (the GPU engine, or the CPU engine for
+//! GPU clients) can serve the I/O queues instead (`controller_config::io_engine`).
 //!
 //! Rules for an engine:
-//!  - Read doorbells with acquire loads; post a completion by writing dwords
-//!    0..2 plainly and then dword 3 (cid | phase << 16 | status << 17) with a
-//!    release store (`detail::post_completion`).
+//!  - Read doorbells with acquire loads; post a completion with
+//!    `write_completion`: dwords 0..2 plainly, then dword 3 (cid, phase,
+//!    status) with a release store.
 //!  - Never overwrite an unconsumed completion: a full CQ (per its head
 //!    doorbell) makes the engine wait.
-//!  - Report in every completion the SQ head after the entries fetched so far.
-//!  - Several SQs may share one CQ; its state (`cq_state`) is the controller's
-//!    and outlives them. Posting to one CQ must be serialized.
+//!  - Report in every completion an SQ head that no unfetched entry is behind.
 //!
 //! @code
 //!   class my_engine : public bam::emu::io_engine {
@@ -26,12 +27,19 @@
 //! @endcode
 #pragma once
 
+#include <bam/detail/macros.hpp>
+#include <bam/emu/fault_table.hpp>
+#include <bam/nvme/queue.hpp>
 #include <bam/nvme/spec.hpp>
+#include <bam/transport/device_progress.hpp>
+
+#include <cuda/atomic>
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 
 namespace bam::emu {
 
@@ -43,17 +51,58 @@ struct command_outcome {
   std::uint64_t delay_ns = 0; //!< post the completion this much later
 };
 
-//! Producer-side state of one completion queue. Owned by the controller from
-//! Create I/O CQ to Delete I/O CQ; touched only by the engine thread serving it.
+//! Counters of the NVM commands executed, as the SMART / Health log reports
+//! them. Updated with relaxed atomics by any engine.
+struct nvm_counters {
+  std::uint64_t units_read;    //!< 512-byte units read
+  std::uint64_t units_written; //!< 512-byte units written
+  std::uint64_t host_reads;    //!< read commands completed
+  std::uint64_t host_writes;   //!< write commands completed
+  std::uint64_t media_errors;
+  std::uint64_t flushes;       //!< Flush commands completed
+};
+
+//! Write completion `v` (virtual: slot `v % depth`, phase from `v / depth`)
+//! into a CQ ring: dwords 0..2, then dword 3 with a release store in `scope`
+//! (the consumer's). The one completion writer of every engine.
+BAM_HD inline void write_completion(nvme::completion* ring, std::uint32_t depth, std::uint64_t v,
+                                    std::uint16_t sq_head, std::uint16_t sqid, std::uint16_t cid, nvme::status st,
+                                    std::uint32_t dw0, nvme::memory_scope scope) {
+  nvme::completion* e = &ring[v % depth];
+  const std::uint32_t phase = ((v / depth) & 1) ? 0u : 1u;
+  nvme::cqe_dw2 d2{};
+  d2.bits.sq_head = sq_head;
+  d2.bits.sq_id = sqid;
+  auto* words = reinterpret_cast<std::uint32_t*>(e);
+  words[0] = dw0;
+  words[1] = 0;
+  words[2] = d2.raw;
+  const nvme::cqe_dw3 d3 = nvme::cqe_dw3::make(cid, st, phase);
+  if (scope == nvme::memory_scope::system)
+    cuda::atomic_ref<std::uint32_t, cuda::thread_scope_system>(words[3]).store(d3.raw, cuda::memory_order_release);
+  else
+    cuda::atomic_ref<std::uint32_t, cuda::thread_scope_device>(words[3]).store(d3.raw, cuda::memory_order_release);
+}
+
+//! The consumer's virtual CQ head, from the last one known (`known`, never
+//! ahead of it) and the head doorbell's slot position. An out-of-range
+//! doorbell value leaves `known` as it is.
+BAM_HD inline std::uint64_t consumer_head(std::uint64_t known, std::uint32_t doorbell, std::uint32_t depth) {
+  if (doorbell >= depth) return known;
+  return known + (doorbell + depth - known % depth) % depth;
+}
+
+//! Producer-side state of one completion queue, for engines whose threads
+//! run on the host. Owned by the controller from Create I/O CQ to Delete I/O
+//! CQ; touched only by the engine thread serving it.
 struct cq_state {
   nvme::completion* ring = nullptr; //!< CQ entries (virtual address)
   std::uint32_t depth = 0;
   std::uint32_t* head_doorbell = nullptr; //!< CQ head doorbell in the register file
   std::uint16_t cqid = 0;
-  std::uint32_t tail = 0;     //!< next slot to write
-  std::uint32_t phase = 1;    //!< phase tag of the current pass
-  std::uint32_t head = 0;     //!< last valid head read from the doorbell
-  std::uint32_t reserved = 0; //!< slots promised to completions not posted yet
+  std::uint64_t tail = 0;     //!< completions posted, virtual
+  std::uint64_t head = 0;     //!< consumer's head, virtual, as last read from the doorbell
+  std::uint32_t promised = 0; //!< slots promised to completions not posted yet
 };
 
 //! One submission queue as an engine sees it.
@@ -63,6 +112,7 @@ struct queue_info {
   std::uint32_t sq_depth = 0;
   std::uint32_t* sq_tail_doorbell = nullptr; //!< in the register file
   cq_state* cq = nullptr;                    //!< its completion queue
+  std::uint32_t cq_sq_count = 1;             //!< SQs posting to that CQ, this one included
   std::uint64_t sq_bus = 0;                  //!< bus addresses the host gave
   std::uint64_t cq_bus = 0;
   std::uint64_t ready_at_ns = 0; //!< do not fetch before (bam::detail::now_ns clock)
@@ -74,54 +124,49 @@ struct queue_info {
 class io_engine {
 public:
   virtual ~io_engine() = default;
-  //! Start serving a new SQ (its CQ exists).
-  virtual void queue_created(const queue_info& q) = 0;
+  //! Start serving a new SQ (its CQ exists). A status other than success
+  //! refuses the queue (Create I/O SQ completes with it).
+  virtual nvme::status queue_created(const queue_info& q) = 0;
   //! Stop serving SQ `sqid`; completes what it can of its outstanding
   //! commands; returns once the engine no longer touches the queue.
   virtual void queue_deleted(std::uint16_t sqid) = 0;
   //! Controller reset: forget every queue without touching queue memory again.
   virtual void reset() = 0;
-  //! Stop (true) or resume (false) fetching and completing anything.
-  virtual void pause(bool stop) = 0;
   //! A GPU-reachable pointer to a doorbell, if this engine provides one.
   virtual volatile std::uint32_t* device_doorbell(std::uint32_t /*offset*/) { return nullptr; }
+  //! Scope of the doorbells behind `device_doorbell`.
+  virtual nvme::memory_scope device_doorbell_scope() const { return nvme::memory_scope::system; }
+  //! What GPU threads waiting on the queues must do (see transport/device_progress.hpp).
+  virtual device_progress device_progress_hook() const { return {}; }
+  //! NVM commands this engine executed outside the controller's own counters.
+  virtual nvm_counters counters() const { return {}; }
+  //! Extra places the controller's fault table must be copied to (the GPU
+  //! engine's copy in GPU memory); null if the host copy is all it reads.
+  virtual std::unique_ptr<fault_table_memory> fault_table_copy() { return nullptr; }
+  //! The controller's doorbell stride (CAP.DSTRD) and namespace layout are
+  //! fixed before any queue exists; engines that need them hear it here.
+  virtual void attached(std::uint32_t /*dstrd*/) {}
 };
 
 namespace detail {
 
 //! Acquire load of a doorbell the host writes with release stores.
 inline std::uint32_t load_doorbell(const std::uint32_t* db) {
-  return std::atomic_ref<std::uint32_t>(*const_cast<std::uint32_t*>(db))
-      .load(std::memory_order_acquire);
+  return std::atomic_ref<std::uint32_t>(*const_cast<std::uint32_t*>(db)).load(std::memory_order_acquire);
 }
 
-//! Free CQ slots, refreshing the head from its doorbell (an out-of-range
-//! head value is ignored: the previous one stays).
+//! Free CQ slots of a host-served CQ, refreshing the head from its doorbell.
 inline std::uint32_t cq_free_slots(cq_state& cq) {
-  const std::uint32_t h = load_doorbell(cq.head_doorbell);
-  if (h < cq.depth) cq.head = h;
-  const std::uint32_t used = (cq.tail + cq.depth - cq.head) % cq.depth;
-  const std::uint32_t free = cq.depth - 1 - used;
-  return free > cq.reserved ? free - cq.reserved : 0;
+  cq.head = consumer_head(cq.head, load_doorbell(cq.head_doorbell), cq.depth);
+  const std::uint64_t used = cq.tail - cq.head;
+  const std::uint64_t free = cq.depth - 1 - used;
+  return free > cq.promised ? static_cast<std::uint32_t>(free - cq.promised) : 0;
 }
 
-//! Write one completion entry and advance the tail. The caller checked for room.
-inline void post_completion(cq_state& cq, std::uint16_t sqid, std::uint16_t sq_head,
-                            std::uint16_t cid, nvme::status st, std::uint32_t dw0) {
-  nvme::completion* e = &cq.ring[cq.tail];
-  e->dw0 = dw0;
-  e->dw1 = 0;
-  e->sq_head = sq_head;
-  e->sq_id = sqid;
-  const std::uint32_t dw3 = static_cast<std::uint32_t>(cid) | (cq.phase << 16) |
-                            (static_cast<std::uint32_t>(st.raw & 0x7fffu) << 17);
-  auto* word = reinterpret_cast<std::uint32_t*>(reinterpret_cast<unsigned char*>(e) +
-                                                offsetof(nvme::completion, cid));
-  std::atomic_ref<std::uint32_t>(*word).store(dw3, std::memory_order_release);
-  if (++cq.tail == cq.depth) {
-    cq.tail = 0;
-    cq.phase ^= 1u;
-  }
+//! Post one completion on a host-served CQ. The caller checked for room.
+inline void post_completion(cq_state& cq, std::uint16_t sqid, std::uint16_t sq_head, std::uint16_t cid,
+                            nvme::status st, std::uint32_t dw0) {
+  write_completion(cq.ring, cq.depth, cq.tail++, sq_head, sqid, cid, st, dw0, nvme::memory_scope::system);
 }
 
 } // namespace detail

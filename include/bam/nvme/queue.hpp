@@ -3,31 +3,45 @@
 //! many concurrent submitters, CPU threads or GPU threads alike.
 //!
 //! How it works:
-//!  - A submitter takes a *ticket* (one atomic add). The ticket fixes its SQ
-//!    slot (`ticket % sq_depth`) and its command id (`ticket % ncids`, with
-//!    `ncids = sq_depth - 1`). The ticket waits until the previous user of
-//!    that command id has collected its completion, and until the controller
-//!    has fetched past the slot (the SQ head read back from completions).
-//!    At most `sq_depth - 1` commands are ever in flight, so neither the SQ
-//!    nor a CQ of the same depth can be overrun.
-//!  - It writes the 64-byte entry and sets the slot's *ready mark* to
+//!  - A submitter takes a *ticket* (one atomic add; `reserve(n)` takes n in
+//!    one add). The ticket fixes its SQ slot (`ticket % sq_depth`) and its
+//!    command id (`ticket % ncids`, with `ncids = sq_depth - 1`). The ticket
+//!    may be used once the previous user of that command id has collected its
+//!    completion and the controller has fetched past the slot (the SQ head
+//!    read back from completions): `slot_free(ticket)`. At most
+//!    `sq_depth - 1` commands are ever in flight, so neither the SQ nor a CQ
+//!    of the same depth can be overrun.
+//!  - `publish` writes the 64-byte entry and sets the slot's *ready mark* to
 //!    `ticket + 1` (never ambiguous across wrap-arounds).
-//!  - Whoever holds the doorbell lock advances the published tail over every
-//!    contiguous ready slot and writes the SQ tail doorbell once per batch.
-//!  - Whoever holds the completion lock consumes new CQ entries (phase tag
-//!    tracked from the virtual head), files each one under its command id,
-//!    records the SQ head it reports, and writes the CQ head doorbell once
+//!  - `ring`: whoever holds the doorbell lock advances the published tail
+//!    over every contiguous ready slot and writes the SQ tail doorbell once
 //!    per batch.
-//!  - Every wait has a deadline. A timeout marks the queue *broken*: its
+//!  - `poll`: whoever holds the completion lock consumes new CQ entries
+//!    (phase tag tracked from the virtual head), files each one under its
+//!    command id, records the SQ head it reports, and writes the CQ head
+//!    doorbell once per batch. `try_collect(ticket)` picks a filed result up
+//!    and frees the command id for its next turn.
+//!  - Every wait has a deadline that measures lack of progress of the
+//!    controller (`detail::progress_deadline`): while a command waits behind
+//!    others not yet fetched, the deadline restarts whenever the queue
+//!    completes something; once the controller has fetched it, it must
+//!    complete within `timeout_ns`. A timeout marks the queue *broken*: its
 //!    command ids may still complete later, so nothing is reused and every
 //!    later call returns `status_queue_broken` instead of spinning.
+//!
+//! The steps never block and never call anyone: the blocking helpers below
+//! (`submit`, `wait`, `execute`) loop over them for callers whose controller
+//! is served by someone else (a device, CPU engine threads). A caller that
+//! has to make progress itself while it waits (the GPU runtime, whose
+//! transport may be served by the waiting threads) runs its own loop over
+//! the same steps.
 //!
 //! The same code is compiled by g++ (CPU threads, ThreadSanitizer) and nvcc.
 //!
 //! @code
-//!   bam::nvme::queue_pair_ref q = ...;              // from a controller
+//!   bam::nvme::queue_pair_ref q = ctrl.io_queue(0);   // from the driver
 //!   auto cmd = bam::nvme::make_read(1, lba, 8, prp1, prp2);
-//!   bam::nvme::status st = q.execute(cmd);          // submit + wait
+//!   bam::nvme::status st = q.execute(cmd);            // submit + wait
 //! @endcode
 #pragma once
 
@@ -40,6 +54,12 @@
 #include <cstdint>
 
 namespace bam::nvme {
+
+//! Who must see a store, or whose stores a load must see.
+enum class memory_scope : std::uint8_t {
+  device, //!< GPU memory touched by GPU threads only (and devices that write it by DMA)
+  system, //!< host memory or MMIO: CPU threads, or a device across PCIe
+};
 
 namespace detail {
 
@@ -65,12 +85,12 @@ struct queue_counters {
 } // namespace detail
 
 //! Where the completion of one command is delivered when the submitter keeps
-//! several commands in flight (see `queue_pair_ref::submit`). Any thread that
-//! consumes completions may fill it, so it must live in memory every submitter
+//! several commands in flight (see `queue_pair_ref::publish`). Any thread that
+//! consumes completions may fill it, so it must live in memory every consumer
 //! can write through the same pointer: host memory for CPU threads, global (or
 //! mapped host) memory for GPU threads — not shared memory, not a local
 //! variable. It must outlive its command, also after a timeout (a late
-//! completion may still be delivered there; a timed-out record is leaked).
+//! completion may still be delivered there; a timed-out record is kept).
 struct completion_record {
   std::uint32_t done = 0;   //!< 1 once filled
   std::uint32_t status = 0; //!< completion status (without phase)
@@ -92,25 +112,32 @@ struct cid_state {
 };
 static_assert(sizeof(cid_state) == 32);
 
-BAM_HD inline void mmio_write32(volatile std::uint32_t* reg, std::uint32_t value) {
+//! A 32-bit register write (doorbell) that every earlier store of this
+//! thread reaches before the device sees it.
+BAM_HD inline void doorbell_write(volatile std::uint32_t* reg, std::uint32_t value, memory_scope scope) {
 #if BAM_DEVICE_CODE
-  cuda::atomic_thread_fence(cuda::memory_order_seq_cst, cuda::thread_scope_system);
-  *reg = value;
+  if (scope == memory_scope::system) {
+    // MMIO or host memory: order the SQ entries (GPU or host memory) before
+    // the write leaves the GPU.
+    cuda::atomic_thread_fence(cuda::memory_order_seq_cst, cuda::thread_scope_system);
+    *reg = value;
+  } else {
+    device_atomic<std::uint32_t>(*const_cast<std::uint32_t*>(reg)).store(value, cuda::memory_order_release);
+  }
 #else
-  system_atomic<std::uint32_t>(*const_cast<std::uint32_t*>(reg))
-      .store(value, cuda::memory_order_release);
+  (void)scope;
+  system_atomic<std::uint32_t>(*const_cast<std::uint32_t*>(reg)).store(value, cuda::memory_order_release);
 #endif
 }
 
-struct no_prepare {
-  BAM_HD void operator()(command&, std::uint32_t) const {}
-};
-struct no_idle {
-  BAM_HD void operator()() const {}
-};
+//! Acquire load of completion dword 3 in the scope of whoever writes the CQ.
+BAM_HD inline std::uint32_t load_cqe_dw3(completion* entry, memory_scope scope) {
+  auto* dw3 = reinterpret_cast<std::uint32_t*>(reinterpret_cast<unsigned char*>(entry) + cqe_dw3_offset);
+  if (scope == memory_scope::system) return system_atomic<std::uint32_t>(*dw3).load(cuda::memory_order_acquire);
+  return device_atomic<std::uint32_t>(*dw3).load(cuda::memory_order_acquire);
+}
 
 } // namespace detail
-
 
 //! Largest command-id space the protocol uses per queue (CID is 16 bits).
 inline constexpr std::uint32_t max_cids = 65535;
@@ -122,9 +149,11 @@ BAM_HD constexpr std::size_t queue_state_bytes(std::uint32_t sq_depth) {
   return sizeof(detail::queue_counters) + sizeof(std::uint64_t) * sq_depth +
          sizeof(detail::cid_state) * (sq_depth - 1);
 }
+//! Alignment the submitter-side state needs.
+inline constexpr std::size_t queue_state_alignment = alignof(detail::queue_counters);
 
 //! A trivially copyable handle to one I/O (or admin) queue pair. The memory it
-//! points at is owned elsewhere (the controller driver, or a GPU queue set).
+//! points at is owned elsewhere (the controller driver).
 struct queue_pair_ref {
   command* sq = nullptr;                      //!< SQ ring, sq_depth entries
   completion* cq = nullptr;                   //!< CQ ring, cq_depth entries
@@ -137,10 +166,12 @@ struct queue_pair_ref {
   std::uint32_t cq_depth = 0;
   std::uint32_t ncids = 0;
   std::uint16_t qid = 0;
+  memory_scope doorbell_scope = memory_scope::system; //!< who reads the doorbells
+  memory_scope cq_scope = memory_scope::system;       //!< who writes the CQ
   std::uint64_t timeout_ns = default_queue_timeout_ns;
 
   //! Point the handle's state at `state`, a zero-filled block of
-  //! `queue_state_bytes(sq_depth)` bytes.
+  //! `queue_state_bytes(sq_depth)` bytes aligned to `queue_state_alignment`.
   BAM_HD void attach_state(void* state) {
     auto* base = static_cast<unsigned char*>(state);
     counters = reinterpret_cast<detail::queue_counters*>(base);
@@ -157,92 +188,59 @@ struct queue_pair_ref {
     detail::device_atomic<std::uint32_t>(counters->broken).store(1, cuda::memory_order_relaxed);
   }
 
-  //! Submit `cmd`. `prepare(command&, cid)` runs once the command id is known
-  //! and before the entry is written (to point PRP2 at a per-cid list, say).
-  //! On success `ticket` identifies the command for `wait`.
-  //!
-  //! Without a `record`, the completion waits under its command id until
-  //! `wait(ticket)` collects it, and the id is reused only after that: fine
-  //! for a thread that submits and then waits. A thread that keeps several
-  //! commands in flight must pass a `completion_record` per command: its
-  //! completion is delivered there and the id is freed when it is consumed,
-  //! so threads blocked in `submit` never wait on results nobody collects.
-  BAM_EXEC_CHECK_DISABLE
-  template <class Prepare, class Idle>
-  BAM_HD status submit(command cmd, std::uint64_t& ticket, Prepare&& prepare, Idle&& idle,
-                       completion_record* record = nullptr) const {
-    using detail::device_atomic;
-    if (broken()) return status_queue_broken;
-    const std::uint64_t t =
-        device_atomic<std::uint64_t>(counters->ticket).fetch_add(1, cuda::memory_order_relaxed);
-    const std::uint32_t cid = static_cast<std::uint32_t>(t % ncids);
-    const std::uint32_t turn = static_cast<std::uint32_t>(t / ncids);
-    // A ticket deep in a backlog may wait long for its turn: the deadline is
-    // "no completion on this queue for timeout_ns", restarted on progress.
-    std::uint64_t deadline = bam::detail::now_ns() + timeout_ns;
-    device_atomic<std::uint64_t> cq_head(counters->cq_head);
-    std::uint64_t progress = cq_head.load(cuda::memory_order_relaxed);
-    bam::detail::backoff pause;
+  BAM_HD std::uint16_t cid_of(std::uint64_t ticket) const { return static_cast<std::uint16_t>(ticket % ncids); }
+  //! Completions consumed so far: a deadline restarts while this moves.
+  BAM_HD std::uint64_t progress_count() const {
+    return detail::device_atomic<std::uint64_t>(counters->cq_head).load(cuda::memory_order_relaxed);
+  }
+  //! True once the controller has fetched the entry of `ticket` (SQ head past it).
+  BAM_HD bool fetched(std::uint64_t ticket) const {
+    return detail::device_atomic<std::uint64_t>(counters->sq_head).load(cuda::memory_order_relaxed) > ticket;
+  }
 
-    // 1. The command id must be free: its previous user has collected its completion.
-    device_atomic<std::uint32_t> free_turn(cids[cid].free_turn);
-    while (free_turn.load(cuda::memory_order_acquire) != turn) {
-      if (broken()) return status_queue_broken;
-      const std::uint64_t now = bam::detail::now_ns();
-      const std::uint64_t seen = cq_head.load(cuda::memory_order_relaxed);
-      if (seen != progress) {
-        progress = seen;
-        deadline = now + timeout_ns;
-      } else if (now > deadline) {
-        mark_broken();
-        return status_queue_full;
-      }
-      ring();
-      idle();
-      poll();
-      pause();
-    }
-    // 2. The controller must have fetched past this slot's previous entry.
-    //    (Implied by 1 for a controller that reports SQ heads correctly; checked
-    //    because a full SQ must never be overrun.)
-    device_atomic<std::uint64_t> sq_head(counters->sq_head);
-    while (t >= sq_head.load(cuda::memory_order_acquire) + sq_depth - 1) {
-      if (broken()) return status_queue_broken;
-      if (bam::detail::now_ns() > deadline) {
-        mark_broken();
-        return status_queue_full;
-      }
-      ring();
-      idle();
-      poll();
-      pause();
-    }
-    cmd.cid = static_cast<std::uint16_t>(cid);
-    prepare(cmd, cid);
+  // ---- the non-blocking steps --------------------------------------------
+
+  //! Take `n` consecutive tickets; returns the first.
+  BAM_HD std::uint64_t reserve(std::uint32_t n = 1) const {
+    return detail::device_atomic<std::uint64_t>(counters->ticket).fetch_add(n, cuda::memory_order_relaxed);
+  }
+
+  //! True when `ticket` may be published: its command id's previous user has
+  //! collected its completion, and the controller has fetched past the
+  //! slot's previous entry (implied by the first for a controller that
+  //! reports SQ heads correctly; checked because a full SQ must never be overrun).
+  BAM_HD bool slot_free(std::uint64_t ticket) const {
+    const std::uint32_t turn = static_cast<std::uint32_t>(ticket / ncids);
+    if (detail::device_atomic<std::uint32_t>(cids[cid_of(ticket)].free_turn).load(cuda::memory_order_acquire) !=
+        turn)
+      return false;
+    return ticket < detail::device_atomic<std::uint64_t>(counters->sq_head).load(cuda::memory_order_acquire) +
+                        sq_depth - 1;
+  }
+
+  //! Write the entry of `ticket` (its command id set here) and mark the slot
+  //! ready. With `record`, the completion is delivered there and the command
+  //! id is freed as soon as it is consumed. Call `fence_after_publish` and
+  //! `ring` afterwards (once for a batch of entries).
+  BAM_HD void write_entry(std::uint64_t ticket, command cmd, completion_record* record = nullptr) const {
+    const std::uint16_t cid = cid_of(ticket);
+    cmd.cid = cid;
     cids[cid].record = record;
     if (record != nullptr) record->done = 0;
-    sq[t % sq_depth] = cmd;
-    device_atomic<std::uint64_t>(ready[t % sq_depth]).store(t + 1, cuda::memory_order_release);
-    // Store-load ordering with ring()'s lock check (a Dekker pattern): either we
-    // see the lock free and publish, or the holder's re-check sees our mark.
+    sq[ticket % sq_depth] = cmd;
+    detail::device_atomic<std::uint64_t>(ready[ticket % sq_depth]).store(ticket + 1, cuda::memory_order_release);
+  }
+  //! Store-load ordering with ring()'s lock check (a Dekker pattern): either
+  //! the publisher sees the lock free and rings, or the holder's re-check
+  //! sees the new ready mark.
+  BAM_HD static void fence_after_publish() {
     cuda::atomic_thread_fence(cuda::memory_order_seq_cst, cuda::thread_scope_device);
-    ticket = t;
+  }
+  //! `write_entry` + `fence_after_publish` + `ring`.
+  BAM_HD void publish(std::uint64_t ticket, const command& cmd, completion_record* record = nullptr) const {
+    write_entry(ticket, cmd, record);
+    fence_after_publish();
     ring();
-    return status_success;
-  }
-
-  BAM_EXEC_CHECK_DISABLE
-  template <class Prepare>
-  BAM_HD status submit(command cmd, std::uint64_t& ticket, Prepare&& prepare) const {
-    return submit(cmd, ticket, static_cast<Prepare&&>(prepare), detail::no_idle{});
-  }
-  BAM_HD status submit(command cmd, std::uint64_t& ticket) const {
-    return submit(cmd, ticket, detail::no_prepare{}, detail::no_idle{});
-  }
-  //! Submit with the completion delivered to `record` (see above).
-  BAM_HD status submit(command cmd, std::uint64_t& ticket, completion_record& record) const {
-    record.done = 0;
-    return submit(cmd, ticket, detail::no_prepare{}, detail::no_idle{}, &record);
   }
 
   //! Publish every contiguous ready slot with one SQ doorbell write.
@@ -256,24 +254,20 @@ struct queue_pair_ref {
       if (lock.exchange(1, cuda::memory_order_acquire) != 0) return;
       std::uint64_t tail = tail_ref.load(cuda::memory_order_relaxed);
       const std::uint64_t start = tail;
-      while (device_atomic<std::uint64_t>(ready[tail % sq_depth]).load(cuda::memory_order_acquire) ==
-             tail + 1) {
+      while (device_atomic<std::uint64_t>(ready[tail % sq_depth]).load(cuda::memory_order_acquire) == tail + 1)
         ++tail;
-      }
       if (tail != start) {
-        detail::mmio_write32(sq_doorbell, static_cast<std::uint32_t>(tail % sq_depth));
+        detail::doorbell_write(sq_doorbell, static_cast<std::uint32_t>(tail % sq_depth), doorbell_scope);
         tail_ref.store(tail, cuda::memory_order_relaxed);
-        device_atomic<std::uint64_t>(counters->submitted)
-            .fetch_add(tail - start, cuda::memory_order_relaxed);
+        device_atomic<std::uint64_t>(counters->submitted).fetch_add(tail - start, cuda::memory_order_relaxed);
         device_atomic<std::uint64_t>(counters->doorbells).fetch_add(1, cuda::memory_order_relaxed);
       }
       lock.store(0, cuda::memory_order_release);
       // A slot marked ready while we held the lock may have seen the lock
       // taken and left: look once more so that no entry is left unpublished.
-      // The fence pairs with the one in submit() (store-load ordering).
+      // The fence pairs with fence_after_publish() (store-load ordering).
       cuda::atomic_thread_fence(cuda::memory_order_seq_cst, cuda::thread_scope_device);
-      if (device_atomic<std::uint64_t>(ready[tail % sq_depth]).load(cuda::memory_order_acquire) !=
-          tail + 1)
+      if (device_atomic<std::uint64_t>(ready[tail % sq_depth]).load(cuda::memory_order_acquire) != tail + 1)
         return;
     }
   }
@@ -282,7 +276,6 @@ struct queue_pair_ref {
   //! number consumed.
   BAM_HD std::uint32_t poll() const {
     using detail::device_atomic;
-    using detail::system_atomic;
     device_atomic<std::uint32_t> lock(counters->cq_lock);
     if (lock.load(cuda::memory_order_relaxed) != 0) return 0;
     if (lock.exchange(1, cuda::memory_order_acquire) != 0) return 0;
@@ -293,20 +286,19 @@ struct queue_pair_ref {
     while (consumed < cq_depth) {
       completion* entry = &cq[head % cq_depth];
       const std::uint32_t expected_phase = ((head / cq_depth) & 1) ? 0u : 1u;
-      // Dword 3 holds the CID and the status with the phase tag.
-      auto* dw3 = reinterpret_cast<std::uint32_t*>(reinterpret_cast<unsigned char*>(entry) + 12);
-      const std::uint32_t w = system_atomic<std::uint32_t>(*dw3).load(cuda::memory_order_acquire);
-      if (((w >> 16) & 1u) != expected_phase) break;
-      const std::uint32_t cid = w & 0xffffu;
-      const std::uint16_t st = static_cast<std::uint16_t>(w >> 17);
+      const cqe_dw3 w{detail::load_cqe_dw3(entry, cq_scope)};
+      if (w.phase_tag() != expected_phase) break;
+      const std::uint32_t cid = w.command_id();
+      const std::uint16_t st = w.status().raw;
       const std::uint32_t dw0 = entry->dw0;
       const std::uint32_t sq_head_pos = entry->sq_head;
-      // Account for how far the controller has fetched.
-      const std::uint32_t delta =
-          (sq_head_pos + sq_depth - counters->sq_head_pos) % sq_depth;
-      counters->sq_head_pos = sq_head_pos;
-      device_atomic<std::uint64_t>(counters->sq_head)
-          .store(counters->sq_head + delta, cuda::memory_order_release);
+      // Account for how far the controller has fetched (an out-of-range
+      // position from a misbehaving controller is ignored).
+      if (sq_head_pos < sq_depth) {
+        const std::uint32_t delta = (sq_head_pos + sq_depth - counters->sq_head_pos) % sq_depth;
+        counters->sq_head_pos = sq_head_pos;
+        device_atomic<std::uint64_t>(counters->sq_head).store(counters->sq_head + delta, cuda::memory_order_release);
+      }
       if (cid < ncids) {
         completion_record* rec = cids[cid].record;
         if (rec != nullptr) {
@@ -328,86 +320,143 @@ struct queue_pair_ref {
     }
     if (consumed != 0) {
       cq_head.store(head, cuda::memory_order_relaxed);
-      detail::mmio_write32(cq_doorbell, static_cast<std::uint32_t>(head % cq_depth));
+      detail::doorbell_write(cq_doorbell, static_cast<std::uint32_t>(head % cq_depth), doorbell_scope);
     }
     lock.store(0, cuda::memory_order_release);
     return consumed;
   }
 
-  //! Wait for the completion of `ticket`; returns its status and, if asked,
-  //! completion dword 0. Consumes completions (for everyone) while waiting.
-  //! `idle()` runs on every round of the wait: an engine that serves the
-  //! queue from the waiting threads themselves does its work there.
-  BAM_EXEC_CHECK_DISABLE
-  template <class Idle>
-  BAM_HD status wait(std::uint64_t ticket, std::uint32_t* dw0, Idle&& idle) const {
+  //! If the completion of `ticket` (published without a record) has been
+  //! filed, take its status (and dword 0), free the command id for its next
+  //! turn and return true.
+  BAM_HD bool try_collect(std::uint64_t ticket, status& st, std::uint32_t* dw0 = nullptr) const {
     using detail::device_atomic;
-    const std::uint32_t cid = static_cast<std::uint32_t>(ticket % ncids);
-    const std::uint32_t turn = static_cast<std::uint32_t>(ticket / ncids);
+    const std::uint32_t cid = cid_of(ticket);
     device_atomic<std::uint32_t> done(cids[cid].done);
-    const status waited =
-        drive_until([&] { return done.load(cuda::memory_order_acquire) != 0; }, idle);
-    if (!waited.ok()) return waited;
-    const status st(static_cast<std::uint16_t>(cids[cid].status));
+    if (done.load(cuda::memory_order_acquire) == 0) return false;
+    st = status(static_cast<std::uint16_t>(cids[cid].status));
     if (dw0 != nullptr) *dw0 = cids[cid].dw0;
     done.store(0, cuda::memory_order_relaxed);
-    device_atomic<std::uint32_t>(cids[cid].free_turn).store(turn + 1, cuda::memory_order_release);
-    return st;
+    device_atomic<std::uint32_t>(cids[cid].free_turn)
+        .store(static_cast<std::uint32_t>(ticket / ncids) + 1, cuda::memory_order_release);
+    return true;
   }
 
-  BAM_HD status wait(std::uint64_t ticket, std::uint32_t* dw0 = nullptr) const {
-    return wait(ticket, dw0, detail::no_idle{});
-  }
+  // ---- blocking helpers ---------------------------------------------------
 
-  //! Wait for a command submitted with a `completion_record`.
-  BAM_EXEC_CHECK_DISABLE
-  template <class Idle>
-  BAM_HD status wait(const completion_record& record, std::uint32_t* dw0, Idle&& idle) const {
-    detail::device_atomic<std::uint32_t> done(const_cast<std::uint32_t&>(record.done));
-    const status waited =
-        drive_until([&] { return done.load(cuda::memory_order_acquire) != 0; }, idle);
-    if (!waited.ok()) return waited;
-    if (dw0 != nullptr) *dw0 = record.dw0;
-    return status(static_cast<std::uint16_t>(record.status));
-  }
-  BAM_HD status wait(const completion_record& record, std::uint32_t* dw0 = nullptr) const {
-    return wait(record, dw0, detail::no_idle{});
-  }
-
-  //! Drive the queue (publish, `idle()`, consume completions) until `filed()`
-  //! holds. Returns success, or the timeout (which breaks the queue) or
-  //! broken status. The deadline counts from the call.
-  BAM_EXEC_CHECK_DISABLE
-  template <class Filed, class Idle>
-  BAM_HD status drive_until(Filed&& filed, Idle&& idle) const {
-    const std::uint64_t deadline = bam::detail::now_ns() + timeout_ns;
-    bam::detail::backoff pause;
-    for (;;) {
-      if (filed()) return status{};
-      ring();
-      idle();
-      if (poll() != 0) continue;
-      if (broken()) return status_queue_broken;
-      if (bam::detail::now_ns() > deadline) {
-        mark_broken();
-        return status_timeout;
-      }
-      pause();
-    }
-  }
-
+  //! Take a ticket, wait until it may be used, publish `cmd`. On success
+  //! `ticket` identifies the command for `wait`.
+  BAM_HD status submit(const command& cmd, std::uint64_t& ticket, completion_record* record = nullptr) const;
+  //! Wait for the completion of `ticket` (published without a record).
+  BAM_HD status wait(std::uint64_t ticket, std::uint32_t* dw0 = nullptr) const;
+  //! Wait for a command published with a `completion_record`.
+  BAM_HD status wait(std::uint64_t ticket, const completion_record& record, std::uint32_t* dw0 = nullptr) const;
   //! Submit and wait.
-  BAM_EXEC_CHECK_DISABLE
-  template <class Prepare>
-  BAM_HD status execute(command cmd, Prepare&& prepare, std::uint32_t* dw0 = nullptr) const {
+  BAM_HD status execute(const command& cmd, std::uint32_t* dw0 = nullptr) const {
     std::uint64_t ticket = 0;
-    const status st = submit(cmd, ticket, static_cast<Prepare&&>(prepare));
+    const status st = submit(cmd, ticket);
     if (!st.ok()) return st;
     return wait(ticket, dw0);
   }
-  BAM_HD status execute(command cmd, std::uint32_t* dw0 = nullptr) const {
-    return execute(cmd, detail::no_prepare{}, dw0);
+};
+
+namespace detail {
+
+//! The deadline of one wait on a queue, by the rule above: restarted while
+//! the queue makes progress and the command is not fetched yet; once fetched,
+//! the command has `timeout_ns` to complete. The clock is read only when the
+//! caller already found nothing to do.
+struct progress_deadline {
+  std::uint64_t deadline = 0;
+  std::uint64_t seen = 0;
+  bool fetched = false;
+
+  BAM_HD void start(const queue_pair_ref& q) {
+    deadline = bam::detail::now_ns() + q.timeout_ns;
+    seen = q.progress_count();
+    fetched = false;
+  }
+  //! True once the wait for `ticket` (~0 for "no command yet") has run out.
+  BAM_HD bool expired(const queue_pair_ref& q, std::uint64_t ticket) {
+    const std::uint64_t now = bam::detail::now_ns();
+    if (now <= deadline) return false;
+    const std::uint64_t p = q.progress_count();
+    if (!fetched && ticket != ~0ull && q.fetched(ticket)) {
+      fetched = true;
+      deadline = now + q.timeout_ns;
+      return false;
+    }
+    if (!fetched && p != seen) {
+      seen = p;
+      deadline = now + q.timeout_ns;
+      return false;
+    }
+    return true;
   }
 };
+
+} // namespace detail
+
+BAM_HD inline status queue_pair_ref::submit(const command& cmd, std::uint64_t& ticket,
+                                            completion_record* record) const {
+  if (broken()) return status_queue_broken;
+  const std::uint64_t t = reserve();
+  detail::progress_deadline dl;
+  dl.start(*this);
+  bam::detail::backoff pause;
+  while (!slot_free(t)) {
+    if (broken()) return status_queue_broken;
+    ring();
+    if (poll() != 0) continue;
+    if (dl.expired(*this, ~0ull)) {
+      mark_broken(); // the ticket can never be published: nothing after it would be rung
+      return status_queue_full;
+    }
+    pause();
+  }
+  publish(t, cmd, record);
+  ticket = t;
+  return status_success;
+}
+
+BAM_HD inline status queue_pair_ref::wait(std::uint64_t ticket, std::uint32_t* dw0) const {
+  detail::progress_deadline dl;
+  dl.start(*this);
+  bam::detail::backoff pause;
+  status st;
+  for (;;) {
+    if (try_collect(ticket, st, dw0)) return st;
+    ring();
+    if (poll() != 0) continue;
+    if (broken()) return status_queue_broken;
+    if (dl.expired(*this, ticket)) {
+      mark_broken();
+      return status_timeout;
+    }
+    pause();
+  }
+}
+
+BAM_HD inline status queue_pair_ref::wait(std::uint64_t ticket, const completion_record& record,
+                                          std::uint32_t* dw0) const {
+  detail::device_atomic<std::uint32_t> done(const_cast<std::uint32_t&>(record.done));
+  detail::progress_deadline dl;
+  dl.start(*this);
+  bam::detail::backoff pause;
+  for (;;) {
+    if (done.load(cuda::memory_order_acquire) != 0) {
+      if (dw0 != nullptr) *dw0 = record.dw0;
+      return status(static_cast<std::uint16_t>(record.status));
+    }
+    ring();
+    if (poll() != 0) continue;
+    if (broken()) return status_queue_broken;
+    if (dl.expired(*this, ticket)) {
+      mark_broken();
+      return status_timeout;
+    }
+    pause();
+  }
+}
 
 } // namespace bam::nvme

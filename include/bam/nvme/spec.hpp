@@ -376,6 +376,43 @@ static_assert(offsetof(command, prp2) == 32);
 static_assert(offsetof(command, cdw10) == 40);
 static_assert(offsetof(command, cdw15) == 60);
 
+//! Completion dword 3: command id, phase tag and status field (NVMe 2.0, 4.2.3).
+//! The status field is what `nvme::status` holds, shifted right by one.
+union cqe_dw3 {
+  std::uint32_t raw;
+  struct {
+    std::uint32_t cid : 16;  //!< command identifier
+    std::uint32_t phase : 1; //!< phase tag
+    std::uint32_t sc : 8;    //!< status code
+    std::uint32_t sct : 3;   //!< status code type
+    std::uint32_t crd : 2;   //!< command retry delay
+    std::uint32_t more : 1;  //!< more status information in the error log
+    std::uint32_t dnr : 1;   //!< do not retry
+  } bits;
+
+  BAM_HD constexpr nvme::status status() const { return nvme::status(static_cast<std::uint16_t>(raw >> 17)); }
+  BAM_HD constexpr bool phase_tag() const { return (raw >> 16) & 1u; }
+  BAM_HD constexpr std::uint16_t command_id() const { return static_cast<std::uint16_t>(raw & 0xffffu); }
+  //! Dword 3 of a completion of command `cid` with status `st` in phase `phase`.
+  BAM_HD static constexpr cqe_dw3 make(std::uint16_t cid, nvme::status st, std::uint32_t phase) {
+    cqe_dw3 d{};
+    d.raw = static_cast<std::uint32_t>(cid) | ((phase & 1u) << 16) |
+            (static_cast<std::uint32_t>(st.raw & 0x7fffu) << 17);
+    return d;
+  }
+};
+static_assert(sizeof(cqe_dw3) == 4);
+
+//! Completion dword 2: SQ head pointer and SQ identifier.
+union cqe_dw2 {
+  std::uint32_t raw;
+  struct {
+    std::uint32_t sq_head : 16; //!< SQ head pointer after this command was fetched
+    std::uint32_t sq_id : 16;   //!< submission queue the command came from
+  } bits;
+};
+static_assert(sizeof(cqe_dw2) == 4);
+
 //! A 16-byte completion queue entry.
 struct completion {
   std::uint32_t dw0; //!< command specific
@@ -394,6 +431,157 @@ static_assert(sizeof(completion) == 16);
 static_assert(offsetof(completion, sq_head) == 8);
 static_assert(offsetof(completion, cid) == 12);
 static_assert(offsetof(completion, status_phase) == 14);
+//! Byte offset of dword 3 (cid, phase, status): consumers load it first, with acquire.
+inline constexpr std::size_t cqe_dw3_offset = offsetof(completion, cid);
+
+// ---------------------------------------------------------------------------
+// Command dwords (NVMe 2.0 and NVM command set 1.0, by command)
+// ---------------------------------------------------------------------------
+
+//! Read / Write / Write Zeroes, dword 12.
+union rw_cdw12 {
+  std::uint32_t raw;
+  struct {
+    std::uint32_t nlb : 16; //!< number of logical blocks, 0-based
+    std::uint32_t reserved : 4;
+    std::uint32_t dtype : 4;  //!< directive type
+    std::uint32_t stc : 1;    //!< storage tag check
+    std::uint32_t deac : 1;   //!< Write Zeroes: deallocate
+    std::uint32_t prinfo : 4; //!< protection information
+    std::uint32_t fua : 1;    //!< force unit access
+    std::uint32_t lr : 1;     //!< limited retry
+  } bits;
+};
+static_assert(sizeof(rw_cdw12) == 4);
+
+//! Create I/O Submission / Completion Queue, dword 10.
+union create_queue_cdw10 {
+  std::uint32_t raw;
+  struct {
+    std::uint32_t qid : 16;   //!< queue identifier
+    std::uint32_t qsize : 16; //!< queue size, 0-based
+  } bits;
+};
+static_assert(sizeof(create_queue_cdw10) == 4);
+
+//! Create I/O Submission Queue, dword 11.
+union create_sq_cdw11 {
+  std::uint32_t raw;
+  struct {
+    std::uint32_t pc : 1;    //!< physically contiguous
+    std::uint32_t qprio : 2; //!< queue priority
+    std::uint32_t reserved : 13;
+    std::uint32_t cqid : 16; //!< completion queue this SQ posts to
+  } bits;
+};
+static_assert(sizeof(create_sq_cdw11) == 4);
+
+//! Create I/O Completion Queue, dword 11.
+union create_cq_cdw11 {
+  std::uint32_t raw;
+  struct {
+    std::uint32_t pc : 1;  //!< physically contiguous
+    std::uint32_t ien : 1; //!< interrupts enabled
+    std::uint32_t reserved : 14;
+    std::uint32_t iv : 16; //!< interrupt vector
+  } bits;
+};
+static_assert(sizeof(create_cq_cdw11) == 4);
+
+//! Set / Get Features, dword 10.
+union features_cdw10 {
+  std::uint32_t raw;
+  struct {
+    std::uint32_t fid : 8; //!< feature identifier
+    std::uint32_t sel : 3; //!< Get Features: current, default, saved, supported capabilities
+    std::uint32_t reserved : 20;
+    std::uint32_t sv : 1; //!< Set Features: save
+  } bits;
+};
+static_assert(sizeof(features_cdw10) == 4);
+
+//! Number of Queues feature: dword 11 of Set Features and dword 0 of its completion.
+union number_of_queues {
+  std::uint32_t raw;
+  struct {
+    std::uint32_t nsq : 16; //!< submission queues, 0-based
+    std::uint32_t ncq : 16; //!< completion queues, 0-based
+  } bits;
+};
+static_assert(sizeof(number_of_queues) == 4);
+
+//! Get Log Page, dword 10.
+union get_log_page_cdw10 {
+  std::uint32_t raw;
+  struct {
+    std::uint32_t lid : 8;   //!< log page identifier
+    std::uint32_t lsp : 7;   //!< log specific field
+    std::uint32_t rae : 1;   //!< retain asynchronous event
+    std::uint32_t numdl : 16; //!< number of dwords, lower 16 bits (0-based)
+  } bits;
+};
+static_assert(sizeof(get_log_page_cdw10) == 4);
+
+//! Get Log Page, dword 11.
+union get_log_page_cdw11 {
+  std::uint32_t raw;
+  struct {
+    std::uint32_t numdu : 16; //!< number of dwords, upper 16 bits
+    std::uint32_t lsi : 16;   //!< log specific identifier
+  } bits;
+};
+static_assert(sizeof(get_log_page_cdw11) == 4);
+
+//! Identify, dword 10.
+union identify_cdw10 {
+  std::uint32_t raw;
+  struct {
+    std::uint32_t cns : 8; //!< controller or namespace structure
+    std::uint32_t reserved : 8;
+    std::uint32_t cntid : 16; //!< controller identifier
+  } bits;
+};
+static_assert(sizeof(identify_cdw10) == 4);
+
+//! Dataset Management, dwords 10 and 11.
+union dsm_cdw10 {
+  std::uint32_t raw;
+  struct {
+    std::uint32_t nr : 8; //!< number of ranges, 0-based
+    std::uint32_t reserved : 24;
+  } bits;
+};
+union dsm_cdw11 {
+  std::uint32_t raw;
+  struct {
+    std::uint32_t idr : 1; //!< integral dataset for read
+    std::uint32_t idw : 1; //!< integral dataset for write
+    std::uint32_t ad : 1;  //!< attribute: deallocate
+    std::uint32_t reserved : 29;
+  } bits;
+};
+static_assert(sizeof(dsm_cdw10) == 4 && sizeof(dsm_cdw11) == 4);
+
+//! Delete I/O Submission / Completion Queue and Abort, dword 10.
+union queue_id_cdw10 {
+  std::uint32_t raw;
+  struct {
+    std::uint32_t qid : 16; //!< queue identifier (Abort: SQ identifier)
+    std::uint32_t cid : 16; //!< Abort: command identifier
+  } bits;
+};
+static_assert(sizeof(queue_id_cdw10) == 4);
+
+//! Command flags byte: fused operation and PRP/SGL selection.
+union command_flags {
+  std::uint8_t raw;
+  struct {
+    std::uint8_t fuse : 2; //!< fused operation (0: normal)
+    std::uint8_t reserved : 4;
+    std::uint8_t psdt : 2; //!< 0: PRPs; otherwise SGLs
+  } bits;
+};
+static_assert(sizeof(command_flags) == 1);
 
 inline constexpr std::uint32_t sq_entry_log2 = 6; //!< CC.IOSQES for 64 B entries
 inline constexpr std::uint32_t cq_entry_log2 = 4; //!< CC.IOCQES for 16 B entries
@@ -427,7 +615,9 @@ BAM_HD constexpr command make_rw(nvm_opcode op, std::uint32_t nsid, std::uint64_
   c.prp2 = prp2;
   c.cdw10 = static_cast<std::uint32_t>(slba);
   c.cdw11 = static_cast<std::uint32_t>(slba >> 32);
-  c.cdw12 = (nblocks - 1) & 0xffffu; // NLB is 0-based
+  rw_cdw12 d12{};
+  d12.bits.nlb = (nblocks - 1) & 0xffffu; // NLB is 0-based
+  c.cdw12 = d12.raw;
   return c;
 }
 BAM_HD constexpr command make_read(std::uint32_t nsid, std::uint64_t slba, std::uint32_t nblocks,
@@ -456,14 +646,21 @@ inline constexpr std::uint32_t dsm_deallocate = 1u << 2; //!< CDW11.AD
 BAM_HD constexpr command make_dsm_deallocate(std::uint32_t nsid, std::uint32_t nranges,
                                              std::uint64_t prp1) {
   command c = make_command(static_cast<std::uint8_t>(nvm_opcode::dataset_management), nsid);
-  c.cdw10 = (nranges - 1) & 0xffu;
-  c.cdw11 = dsm_deallocate;
+  dsm_cdw10 d10{};
+  d10.bits.nr = (nranges - 1) & 0xffu;
+  dsm_cdw11 d11{};
+  d11.bits.ad = 1;
+  c.cdw10 = d10.raw;
+  c.cdw11 = d11.raw;
   c.prp1 = prp1;
   return c;
 }
 
 //! Number of logical blocks of a Read/Write/Write Zeroes command.
-BAM_HD constexpr std::uint32_t command_nblocks(const command& c) { return (c.cdw12 & 0xffffu) + 1; }
+BAM_HD constexpr std::uint32_t command_nblocks(const command& c) {
+  const rw_cdw12 d12{c.cdw12};
+  return d12.bits.nlb + 1u;
+}
 //! Starting LBA of a Read/Write/Write Zeroes command.
 BAM_HD constexpr std::uint64_t command_slba(const command& c) {
   return c.cdw10 | (static_cast<std::uint64_t>(c.cdw11) << 32);
@@ -472,7 +669,9 @@ BAM_HD constexpr std::uint64_t command_slba(const command& c) {
 BAM_HD constexpr command make_identify(identify_cns cns, std::uint32_t nsid, std::uint64_t prp1,
                                        std::uint64_t prp2 = 0) {
   command c = make_command(static_cast<std::uint8_t>(admin_opcode::identify), nsid);
-  c.cdw10 = static_cast<std::uint8_t>(cns);
+  identify_cdw10 d10{};
+  d10.bits.cns = static_cast<std::uint8_t>(cns);
+  c.cdw10 = d10.raw;
   c.prp1 = prp1;
   c.prp2 = prp2;
   return c;
@@ -482,8 +681,13 @@ BAM_HD constexpr command make_create_io_cq(std::uint16_t qid, std::uint32_t entr
                                            std::uint64_t base) {
   command c = make_command(static_cast<std::uint8_t>(admin_opcode::create_io_cq));
   c.prp1 = base;
-  c.cdw10 = qid | ((entries - 1) << 16);
-  c.cdw11 = 1; // PC=1, IEN=0
+  create_queue_cdw10 d10{};
+  d10.bits.qid = qid;
+  d10.bits.qsize = (entries - 1) & 0xffffu;
+  create_cq_cdw11 d11{};
+  d11.bits.pc = 1; // interrupts off
+  c.cdw10 = d10.raw;
+  c.cdw11 = d11.raw;
   return c;
 }
 //! Create I/O Submission Queue bound to completion queue `cqid`.
@@ -491,30 +695,47 @@ BAM_HD constexpr command make_create_io_sq(std::uint16_t qid, std::uint32_t entr
                                            std::uint64_t base, std::uint16_t cqid) {
   command c = make_command(static_cast<std::uint8_t>(admin_opcode::create_io_sq));
   c.prp1 = base;
-  c.cdw10 = qid | ((entries - 1) << 16);
-  c.cdw11 = 1u | (static_cast<std::uint32_t>(cqid) << 16); // PC=1, priority urgent
+  create_queue_cdw10 d10{};
+  d10.bits.qid = qid;
+  d10.bits.qsize = (entries - 1) & 0xffffu;
+  create_sq_cdw11 d11{};
+  d11.bits.pc = 1; // priority urgent (0)
+  d11.bits.cqid = cqid;
+  c.cdw10 = d10.raw;
+  c.cdw11 = d11.raw;
   return c;
 }
 BAM_HD constexpr command make_delete_io_sq(std::uint16_t qid) {
   command c = make_command(static_cast<std::uint8_t>(admin_opcode::delete_io_sq));
-  c.cdw10 = qid;
+  queue_id_cdw10 d10{};
+  d10.bits.qid = qid;
+  c.cdw10 = d10.raw;
   return c;
 }
 BAM_HD constexpr command make_delete_io_cq(std::uint16_t qid) {
   command c = make_command(static_cast<std::uint8_t>(admin_opcode::delete_io_cq));
-  c.cdw10 = qid;
+  queue_id_cdw10 d10{};
+  d10.bits.qid = qid;
+  c.cdw10 = d10.raw;
   return c;
 }
 //! Set Features / Number of Queues; counts are 1-based here, 0-based on the wire.
 BAM_HD constexpr command make_set_num_queues(std::uint32_t nsq, std::uint32_t ncq) {
   command c = make_command(static_cast<std::uint8_t>(admin_opcode::set_features));
-  c.cdw10 = static_cast<std::uint8_t>(feature_id::number_of_queues);
-  c.cdw11 = ((nsq - 1) & 0xffffu) | (((ncq - 1) & 0xffffu) << 16);
+  features_cdw10 d10{};
+  d10.bits.fid = static_cast<std::uint8_t>(feature_id::number_of_queues);
+  number_of_queues d11{};
+  d11.bits.nsq = (nsq - 1) & 0xffffu;
+  d11.bits.ncq = (ncq - 1) & 0xffffu;
+  c.cdw10 = d10.raw;
+  c.cdw11 = d11.raw;
   return c;
 }
 BAM_HD constexpr command make_get_features(feature_id fid) {
   command c = make_command(static_cast<std::uint8_t>(admin_opcode::get_features));
-  c.cdw10 = static_cast<std::uint8_t>(fid);
+  features_cdw10 d10{};
+  d10.bits.fid = static_cast<std::uint8_t>(fid);
+  c.cdw10 = d10.raw;
   return c;
 }
 //! Get Log Page of `bytes` (a multiple of 4) into prp1/prp2.
@@ -523,15 +744,23 @@ BAM_HD constexpr command make_get_log_page(log_page_id lid, std::uint32_t nsid,
                                            std::uint64_t prp2 = 0) {
   command c = make_command(static_cast<std::uint8_t>(admin_opcode::get_log_page), nsid);
   const std::uint32_t numd = bytes / 4 - 1; // 0-based dwords
-  c.cdw10 = static_cast<std::uint8_t>(lid) | ((numd & 0xffffu) << 16);
-  c.cdw11 = numd >> 16;
+  get_log_page_cdw10 d10{};
+  d10.bits.lid = static_cast<std::uint8_t>(lid);
+  d10.bits.numdl = numd & 0xffffu;
+  get_log_page_cdw11 d11{};
+  d11.bits.numdu = numd >> 16;
+  c.cdw10 = d10.raw;
+  c.cdw11 = d11.raw;
   c.prp1 = prp1;
   c.prp2 = prp2;
   return c;
 }
 BAM_HD constexpr command make_abort(std::uint16_t sqid, std::uint16_t cid) {
   command c = make_command(static_cast<std::uint8_t>(admin_opcode::abort));
-  c.cdw10 = sqid | (static_cast<std::uint32_t>(cid) << 16);
+  queue_id_cdw10 d10{};
+  d10.bits.qid = sqid;
+  d10.bits.cid = cid;
+  c.cdw10 = d10.raw;
   return c;
 }
 

@@ -1,20 +1,20 @@
 // SPDX-License-Identifier: MIT
-#include <bam/device.hpp>
+#include <bam/device_string.hpp>
 
 #include <catch2/catch_test_macros.hpp>
 
 TEST_CASE("device strings choose the transport", "[device]") {
   auto s = bam::parse_device("emu-gpu:ram=16G,ssds=4");
   CHECK(s.kind == bam::device_kind::emu_gpu);
-  CHECK(s.media == "ram");
+  CHECK(s.media == bam::media_kind::ram);
   CHECK(s.bytes == 16ull << 30);
   CHECK(s.ssds == 4);
 
   s = bam::parse_device("emu-gpu:hbm=4G");
-  CHECK(s.media == "hbm");
+  CHECK(s.media == bam::media_kind::hbm);
   CHECK(s.ssds == 1);
   s = bam::parse_device("emu-gpu:null=1T,iops=1M,latency=80us,queues=128,depth=512,lba=4096");
-  CHECK(s.media == "null");
+  CHECK(s.media == bam::media_kind::null);
   CHECK(s.bytes == 1ull << 40);
   CHECK(s.iops == 1000000);
   CHECK(s.latency_ns == 80000);
@@ -24,7 +24,7 @@ TEST_CASE("device strings choose the transport", "[device]") {
 
   s = bam::parse_device("emu:file=/tmp/disk.img,size=64M");
   CHECK(s.kind == bam::device_kind::emu_cpu);
-  CHECK(s.media == "file");
+  CHECK(s.media == bam::media_kind::file);
   CHECK(s.path == "/tmp/disk.img");
   CHECK(s.bytes == 64ull << 20);
   s = bam::parse_device("emu:ram=64M");

@@ -12,8 +12,11 @@
 #pragma once
 
 #include <bam/error.hpp>
+#include <bam/nvme/queue.hpp>
+#include <bam/transport/device_progress.hpp>
 
 #include <cstddef>
+#include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -31,6 +34,10 @@ enum class memory_kind : std::uint8_t {
 
 //! Granularity of bus address lists and of the controller memory page (CC.MPS = 0).
 inline constexpr std::size_t dma_page_size = 4096;
+//! The GPU's own page: the unit in which NVIDIA's peer-to-peer interface
+//! (nvidia_p2p_get_pages) pins GPU memory. GPU memory that a controller must
+//! reach is allocated aligned and sized to it (see `transport::device_map_alignment`).
+inline constexpr std::size_t gpu_page_size = 64 * 1024;
 
 //! A region of memory the controller can reach, with the bus address of every
 //! `dma_page_size` page. Unmapped (and freed, if it owns the memory) when destroyed.
@@ -99,10 +106,20 @@ public:
   //! A GPU pointer to the same doorbell, or nullptr if GPU threads cannot
   //! ring this controller.
   virtual volatile std::uint32_t* device_doorbell(std::uint32_t /*offset*/) { return nullptr; }
+  //! Who reads the doorbells behind `device_doorbell`: MMIO and host memory
+  //! need a system-scope write; a doorbell in GPU memory read by GPU threads
+  //! only a device-scope one.
+  virtual nvme::memory_scope device_doorbell_scope() const { return nvme::memory_scope::system; }
+  //! What GPU threads waiting on this controller's queues must do to make it
+  //! progress (nothing for a device or for host threads serving it).
+  virtual device_progress device_progress_hook() const { return {}; }
 
   //! Make `[ptr, ptr + size)` reachable by the controller. `ptr` and `size`
-  //! must be multiples of `dma_page_size`. The memory stays the caller's.
+  //! must be multiples of `dma_page_size` (GPU memory: of
+  //! `device_map_alignment()`). The memory stays the caller's.
   virtual std::unique_ptr<dma_region> map(void* ptr, std::size_t size, memory_kind kind) = 0;
+  //! Alignment and size granularity of GPU memory passed to `map`.
+  virtual std::size_t device_map_alignment() const { return dma_page_size; }
 
   //! Allocate zeroed, page-aligned host memory and map it.
   virtual std::unique_ptr<dma_region> alloc(std::size_t size) {
@@ -119,20 +136,27 @@ public:
     }
   }
 
-  static std::size_t round_up(std::size_t size) {
-    return (size + dma_page_size - 1) / dma_page_size * dma_page_size;
+  static std::size_t round_up(std::size_t size, std::size_t unit = dma_page_size) {
+    return (size + unit - 1) / unit * unit;
   }
 
 protected:
   //! Validate a map request the same way for every transport.
-  void check_map_args(const void* ptr, std::size_t size) const {
+  void check_map_args(const void* ptr, std::size_t size, memory_kind kind = memory_kind::host) const {
     const auto a = reinterpret_cast<std::uintptr_t>(ptr);
-    if (size == 0 || a % dma_page_size != 0 || size % dma_page_size != 0) {
+    const std::size_t unit = kind == memory_kind::device ? device_map_alignment() : dma_page_size;
+    if (size == 0 || a % unit != 0 || size % unit != 0) {
       error_context c;
       c.controller = name();
       c.errnum = EINVAL;
-      throw error("DMA mapping needs a non-empty, " + std::to_string(dma_page_size) +
-                      "-byte aligned buffer and length (got " + std::to_string(size) + " bytes)",
+      throw error(std::string("DMA mapping of ") + (kind == memory_kind::device ? "GPU" : "host") +
+                      " memory needs a non-empty, " + std::to_string(unit) +
+                      "-byte aligned buffer and length (got " + std::to_string(size) + " bytes at 0x" +
+                      [&] {
+                        char b[32];
+                        std::snprintf(b, sizeof b, "%llx", static_cast<unsigned long long>(a));
+                        return std::string(b);
+                      }() + ")",
                   c);
     }
   }

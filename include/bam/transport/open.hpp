@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 //! Host side of device selection: turn a parsed device string into the
 //! transports a `bam::controller` drives from host threads. (GPU programs use
-//! `bam::gpu_device` in `bam/gpu/device.cuh`, which places queues for GPU
+//! `bam::storage` in `bam/runtime/storage.cuh`, which places queues for GPU
 //! submitters; both take the same strings.)
 //!
 //! @code
@@ -12,11 +12,11 @@
 //! @endcode
 #pragma once
 
-#include <bam/device.hpp>
+#include <bam/device_string.hpp>
 #include <bam/emu.hpp>
 #include <bam/error.hpp>
-#include <bam/pci_transport.hpp>
-#include <bam/transport.hpp>
+#include <bam/transport/pci.hpp>
+#include <bam/transport/transport.hpp>
 
 #include <memory>
 #include <string>
@@ -27,15 +27,15 @@ namespace bam {
 //! Media of software controller `index` of an `emu:` or `emu-gpu:ram=` spec
 //! (a file spec with several controllers uses `path.0`, `path.1`, ...).
 inline std::shared_ptr<emu::media> open_emu_media(const device_spec& spec, std::uint32_t index) {
-  if (spec.media == "file") {
+  if (spec.media == media_kind::file) {
     const std::string path = spec.ssds == 1 ? spec.path : spec.path + "." + std::to_string(index);
     // size= creates or extends the file; without it the file must exist.
     return emu::make_file_media(path, spec.bytes, /*create=*/spec.bytes != 0);
   }
-  if (spec.media == "ram") return emu::make_ram_media(spec.bytes);
+  if (spec.media == media_kind::ram) return emu::make_ram_media(spec.bytes);
   error_context c;
   c.controller = spec.text;
-  throw error("media '" + spec.media + "' is served by the GPU engine only (emu-gpu:)", c);
+  throw error(std::string("media '") + media_name(spec.media) + "' is served by the GPU engine only (emu-gpu:)", c);
 }
 
 //! Configuration of software controller `index` of an `emu:`/`emu-gpu:` spec
@@ -67,7 +67,7 @@ inline std::vector<std::shared_ptr<transport>> open_host_transports(const device
   case device_kind::emu_gpu: {
     error_context c;
     c.controller = spec.text;
-    throw error("emu-gpu devices are served by GPU threads: use bam::gpu_device from a CUDA program "
+    throw error("emu-gpu devices are served by GPU threads: use bam::storage from a CUDA program "
                 "(or emu:ram=/emu:file= for host I/O)",
                 c);
   }

@@ -16,7 +16,8 @@
 //!
 //! @code
 //!   bam::device_spec s = bam::parse_device("emu-gpu:hbm=4G,ssds=2");
-//!   // s.kind == bam::device_kind::emu_gpu, s.media == "hbm", s.bytes == 4 << 30, s.ssds == 2
+//!   // s.kind == bam::device_kind::emu_gpu, s.media == bam::media_kind::hbm,
+//!   // s.bytes == 4 << 30, s.ssds == 2
 //! @endcode
 #pragma once
 
@@ -36,10 +37,28 @@ enum class device_kind {
   pci,     //!< kernel-module transport
 };
 
+//! Where a software controller keeps its blocks.
+enum class media_kind {
+  ram,  //!< host RAM (emu-gpu: pinned and mapped into the GPU)
+  hbm,  //!< GPU memory (emu-gpu only)
+  null, //!< none: reads leave the target alone, writes are dropped (emu-gpu only)
+  file, //!< a file or block device (emu only)
+};
+
+inline const char* media_name(media_kind m) {
+  switch (m) {
+  case media_kind::ram: return "ram";
+  case media_kind::hbm: return "hbm";
+  case media_kind::null: return "null";
+  case media_kind::file: return "file";
+  }
+  return "?";
+}
+
 struct device_spec {
   std::string text;                 //!< the string as given
   device_kind kind = device_kind::emu_gpu;
-  std::string media = "ram";        //!< emu-gpu: ram | hbm | null; emu: ram | file
+  media_kind media = media_kind::ram;
   std::uint64_t bytes = 0;          //!< media size per controller (0 for a file: its size)
   std::string path;                 //!< emu file path
   std::vector<std::string> devices; //!< pci device nodes
@@ -152,7 +171,7 @@ inline device_spec parse_device(const std::string& text) {
     if (eq == std::string_view::npos || eq == 0) bad_device(text, "'" + std::string(item) + "' is not key=value");
     const std::string_view k = item.substr(0, eq), v = item.substr(eq + 1);
     if (v.empty()) bad_device(text, std::string(k) + " has no value");
-    auto media = [&](const char* m) {
+    auto media = [&](media_kind m) {
       if (have_media) bad_device(text, "more than one media given");
       have_media = true;
       s.media = m;
@@ -160,12 +179,12 @@ inline device_spec parse_device(const std::string& text) {
     if (k == "ram" || k == "hbm" || k == "null") {
       if (k != "ram" && s.kind != device_kind::emu_gpu)
         bad_device(text, std::string(k) + " media needs the GPU engine (emu-gpu:)");
-      media(k == "ram" ? "ram" : k == "hbm" ? "hbm" : "null");
+      media(k == "ram" ? media_kind::ram : k == "hbm" ? media_kind::hbm : media_kind::null);
       s.bytes = parse_size(text, k, v);
       if (s.bytes == 0) bad_device(text, std::string(k) + " size is zero");
     } else if (k == "file") {
       if (s.kind != device_kind::emu_cpu) bad_device(text, "file media needs the CPU engine (emu:)");
-      media("file");
+      media(media_kind::file);
       s.path = std::string(v);
     } else if (k == "size") {
       s.bytes = parse_size(text, k, v);
@@ -196,7 +215,7 @@ inline device_spec parse_device(const std::string& text) {
     opts.remove_prefix(comma + 1);
   }
   if (!have_media) bad_device(text, "no media given (ram=, hbm=, null= or file=)");
-  if (have_size && s.media != "file") bad_device(text, "size= applies to file media only");
+  if (have_size && s.media != media_kind::file) bad_device(text, "size= applies to file media only");
   if (s.bytes % s.lba_size != 0) bad_device(text, "media size is not a multiple of the LBA size");
   return s;
 }
