@@ -12,9 +12,7 @@
 // lanes share one cache reference). The working set is the whole namespace,
 // many times the cache, so nearly every page is a miss and becomes one NVMe
 // read. Reported: pages/s and GB/s of payload (4 KiB per page).
-#include <bam/array.cuh>
-#include <bam/cache.cuh>
-#include <bam/gpu/device.cuh>
+#include <bam/bam.cuh>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -130,12 +128,12 @@ int main(int argc, char** argv) {
     out["page_bytes"] = 4096;
     out["cache_bytes"] = cache_mib << 20;
     out["threads"] = std::uint64_t(blocks) * threads;
-    bam::gpu::device_buffer<float> sink(1);
+    bam::device_buffer<float> sink(1);
     const std::uint64_t warps = std::uint64_t(blocks) * threads / 32;
 
     {
       // Ceiling: zero-copy random 4 KiB gathers from pinned host memory.
-      bam::gpu::pinned_buffer<uint4> host(ceiling_mib << 16); // MiB / 16 B
+      bam::pinned_buffer<uint4> host(ceiling_mib << 16); // MiB / 16 B
       const std::uint64_t nblocks = (ceiling_mib << 20) / 4096;
       auto r = measure([&] { gather_kernel<<<blocks, threads>>>(host.get(), nblocks, steps, 1, sink.get()); },
                        double(warps) * steps, reps);
@@ -149,18 +147,17 @@ int main(int argc, char** argv) {
     }
 
     for (const auto& d : devices) {
-      bam::gpu::device dev(d);
+      bam::storage dev(d);
       bam::page_cache cache({.page_size = 4096, .capacity = cache_mib << 20});
-      const std::uint64_t n = dev.storage().blocks_per_controller() * dev.storage().controller_count() *
-                              dev.storage().lba_size() / sizeof(float);
-      bam::array<float> a(cache, dev.storage(), n);
+      const std::uint64_t n = dev.blocks_per_controller() * dev.controller_count() * dev.lba_size() / sizeof(float);
+      bam::array<float> a(cache, dev, n);
       const std::uint64_t pages = n / 1024;
       std::uint64_t seed = 100;
-      const auto [m0, w0] = cache.counters();
+      const std::uint64_t m0 = cache.counters().misses;
       auto r = measure([&] { array_read_kernel<<<blocks, threads>>>(a.ref(), pages, steps, ++seed, sink.get()); },
                        double(warps) * steps, reps);
       a.check();
-      const auto [m1, w1] = cache.counters();
+      const std::uint64_t m1 = cache.counters().misses;
       const double runs = reps + 1;
       const double miss_ratio = double(m1 - m0) / (runs * warps * steps);
       const double pps = r.pages / r.seconds;
@@ -168,7 +165,7 @@ int main(int argc, char** argv) {
                   miss_ratio * 100);
       out["results"].push_back({{"device", d},
                                 {"transport", dev.transport_name()},
-                                {"media", dev.spec().media},
+                                {"media", bam::media_name(dev.spec().media)},
                                 {"pages_per_s", pps},
                                 {"GB_per_s", pps * 4096 / 1e9},
                                 {"miss_ratio", miss_ratio},

@@ -8,9 +8,7 @@
 // The array is first filled from the GPU (writes go through the page cache and
 // are written back by flush()), then summed by a kernel reading it element by
 // element; the cache turns the reads into NVMe commands that GPU threads submit.
-#include <bam/array.cuh>
-#include <bam/cache.cuh>
-#include <bam/gpu/device.cuh>
+#include <bam/bam.cuh>
 
 #include <CLI/CLI.hpp>
 
@@ -40,26 +38,24 @@ int main(int argc, char** argv) {
   app.add_option("--cache-mib", cache_mib, "page cache size in MiB");
   CLI11_PARSE(app, argc, argv);
   try {
-    bam::gpu::device dev(device);                                  // controllers + queues for GPU threads
+    bam::storage dev(device);                                      // controllers + queues for GPU threads
     bam::page_cache cache({.page_size = 4096, .capacity = cache_mib << 20});
-    bam::array<float> a(cache, dev.storage(), n);                  // n floats from LBA 0
+    bam::array<float> a(cache, dev, n);                            // n floats from LBA 0
 
     fill<<<1024, 256>>>(a.ref());
     a.check();                                                     // throws bam::error on a device-side failure
     cache.flush();                                                 // dirty pages to storage, then NVMe Flush
 
-    double* out = nullptr;
-    BAM_CUDA_TRY(cudaMallocManaged(&out, sizeof(double)));
-    *out = 0;
-    sum<<<1024, 256>>>(a.ref(), out);
+    bam::device_buffer<double> out(1);
+    sum<<<1024, 256>>>(a.ref(), out.get());
     a.check();
+    double total = 0;
+    bam::copy_to_host(&total, out.get(), 1);
     double expected = 0;
     for (std::uint64_t i = 0; i < n; ++i) expected += double(i % 1000);
     std::printf("sum of %llu floats on %s: %.0f (expected %.0f) %s\n", (unsigned long long)n,
-                dev.transport_name().c_str(), *out, expected, *out == expected ? "OK" : "MISMATCH");
-    const bool ok = *out == expected;
-    cudaFree(out);
-    return ok ? 0 : 1;
+                dev.transport_name().c_str(), total, expected, total == expected ? "OK" : "MISMATCH");
+    return total == expected ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 1;

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <bam/error.hpp>
+#include <bam/media_kind.hpp>
 
 #include <cerrno>
 #include <cstdint>
@@ -36,24 +37,6 @@ enum class device_kind {
   emu_cpu, //!< software controller, CPU engine (GPU clients through pinned queues)
   pci,     //!< kernel-module transport
 };
-
-//! Where a software controller keeps its blocks.
-enum class media_kind {
-  ram,  //!< host RAM (emu-gpu: pinned and mapped into the GPU)
-  hbm,  //!< GPU memory (emu-gpu only)
-  null, //!< none: reads leave the target alone, writes are dropped (emu-gpu only)
-  file, //!< a file or block device (emu only)
-};
-
-inline const char* media_name(media_kind m) {
-  switch (m) {
-  case media_kind::ram: return "ram";
-  case media_kind::hbm: return "hbm";
-  case media_kind::null: return "null";
-  case media_kind::file: return "file";
-  }
-  return "?";
-}
 
 struct device_spec {
   std::string text;                 //!< the string as given

@@ -43,6 +43,13 @@ public:
   error(const std::string& what_failed, error_context ctx = {})
       : std::runtime_error(format(what_failed, ctx)), ctx_(std::move(ctx)) {}
 
+  //! The same failure, its message prefixed with what was being done.
+  static error wrap(const std::string& doing, const error& e) {
+    std::string w = e.what();
+    if (w.rfind("bam: ", 0) == 0) w.erase(0, 5);
+    return error(preformatted{}, "bam: " + doing + ": " + w, e.context());
+  }
+
   const error_context& context() const noexcept { return ctx_; }
   //! NVMe status if the failure came from a completion (or a bam status).
   std::optional<nvme::status> status() const noexcept { return ctx_.status; }
@@ -78,6 +85,9 @@ public:
   }
 
 private:
+  struct preformatted {};
+  error(preformatted, const std::string& message, error_context ctx)
+      : std::runtime_error(message), ctx_(std::move(ctx)) {}
   error_context ctx_;
 };
 

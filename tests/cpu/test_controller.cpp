@@ -9,7 +9,9 @@
 #include <catch2/generators/catch_generators.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <cstdio>
 #include <filesystem>
 #include <random>
@@ -422,4 +424,90 @@ TEST_CASE("a completion that arrives after its timeout lands in memory still res
   std::this_thread::sleep_for(std::chrono::milliseconds(600));
   // The late completions are consumed by the next caller's poll.
   CHECK_THROWS_WITH(ctrl.read(1, 0, 8, *buf), ContainsSubstring("Broken"));
+}
+
+namespace {
+// A transport in front of a software controller that logs, in order, when
+// the controller is reset (CC.EN 1 -> 0) and when each region it allocated
+// is freed. At the reset it first lets the controller answer again and
+// finish what it fetched — the worst moment for memory to be gone already.
+class reset_witness final : public transport {
+public:
+  explicit reset_witness(std::shared_ptr<emu::emulated_controller> c) : c_(std::move(c)) {}
+  std::string name() const override { return c_->name(); }
+  std::uint32_t read32(std::uint32_t o) override { return c_->read32(o); }
+  void write32(std::uint32_t o, std::uint32_t v) override {
+    if (o == nvme::reg::cc) {
+      const nvme::cc_register prev{c_->read32(nvme::reg::cc)}, next{v};
+      if (prev.bits.en && !next.bits.en) {
+        c_->stop_answering(false);
+        std::this_thread::sleep_for(std::chrono::milliseconds(50)); // late commands run now
+        log("reset");
+      }
+    }
+    c_->write32(o, v);
+  }
+  volatile std::uint32_t* doorbell(std::uint32_t o) override { return c_->doorbell(o); }
+  std::unique_ptr<dma_region> map(void* p, std::size_t n, memory_kind k) override { return c_->map(p, n, k); }
+  std::unique_ptr<dma_region> alloc(std::size_t size) override {
+    struct logged final : dma_region {
+      std::unique_ptr<dma_region> inner;
+      reset_witness* w;
+      logged(std::unique_ptr<dma_region> r, reset_witness* o)
+          : dma_region(r->data(), r->size(), r->kind(), r->page_bus()), inner(std::move(r)), w(o) {}
+      ~logged() override { w->log("free"); }
+    };
+    return std::make_unique<logged>(c_->alloc(size), this);
+  }
+  std::vector<std::string> events() {
+    std::lock_guard lock(m_);
+    return events_;
+  }
+
+private:
+  void log(const char* e) {
+    std::lock_guard lock(m_);
+    events_.emplace_back(e);
+  }
+  std::shared_ptr<emu::emulated_controller> c_;
+  std::mutex m_;
+  std::vector<std::string> events_;
+};
+} // namespace
+
+TEST_CASE("an admin command that times out keeps its buffer until the controller is reset", "[controller][timeout]") {
+  auto emu_ctrl = ram_controller(1024);
+  auto witness = std::make_shared<reset_witness>(emu_ctrl);
+  emu_ctrl->stop_answering(true); // registers answer, commands do not: identify times out
+  controller_options opts;
+  opts.admin_timeout_ns = 100'000'000;
+  CHECK_THROWS_WITH(controller(witness, opts), ContainsSubstring("identify controller"));
+  const auto ev = witness->events();
+  const auto reset = std::find(ev.begin(), ev.end(), "reset");
+  REQUIRE(reset != ev.end());
+  // Nothing the timed-out identify may still write into (its data page, the
+  // admin rings) was freed before the reset.
+  CHECK(std::count(ev.begin(), reset, std::string("free")) == 0);
+  CHECK(std::count(reset, ev.end(), std::string("free")) >= 2);
+}
+
+TEST_CASE("a teardown that fails is reported, not swallowed", "[controller][errors]") {
+  auto emu_ctrl = ram_controller(1024);
+  std::vector<std::string> warnings;
+  set_warning_handler([&](const std::string& w) { warnings.push_back(w); });
+  {
+    controller ctrl(emu_ctrl, {});
+    emu::fault_rule r;
+    r.admin = true;
+    r.opcode = static_cast<std::uint8_t>(nvme::admin_opcode::delete_io_sq);
+    r.status = {nvme::status_type::generic, nvme::generic_status::internal_error};
+    emu_ctrl->faults().add(r);
+  }
+  set_warning_handler(nullptr);
+  REQUIRE(warnings.size() == 1);
+  CHECK_THAT(warnings[0], ContainsSubstring("teardown failed") && ContainsSubstring("Internal Error"));
+  // It was reset instead: a new driver brings it up again.
+  emu_ctrl->faults().clear();
+  controller again(emu_ctrl, {});
+  CHECK(again.state() == controller_state::ready);
 }

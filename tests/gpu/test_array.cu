@@ -1,23 +1,22 @@
 // SPDX-License-Identifier: MIT
-// bam::array over the page cache, on the software controller's GPU engine.
+// bam::array over the page cache, on the software controller's GPU engine:
+// random reads with eviction, writes and write-back, shared caches, range
+// copies, readers, every element size, bad indices and device errors.
 #include "test_util.cuh"
 
+#include <catch2/catch_template_test_macros.hpp>
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/generators/catch_generators.hpp>
 
 #include <cstdio>
 #include <string>
 
+using bam_test::counters;
+using bam_test::device_counters;
 using bam_test::layout;
 using bam_test::rnd;
 
 namespace {
-
-struct counters {
-  unsigned long long bad;
-  unsigned long long done;
-  unsigned long long first_bad_index;
-};
 
 __global__ void random_read_kernel(bam::array_ref<std::uint32_t> a, layout l, int iters, std::uint64_t seed,
                                    counters* c) {
@@ -92,23 +91,27 @@ __global__ void copy_range_kernel(bam::array_ref<std::uint32_t> a, layout l, std
   if (lane == 0) atomicAdd(&c->done, static_cast<unsigned long long>(iters));
 }
 
+// Each warp walks a random stretch with a reader (pages held between accesses).
+__global__ void reader_kernel(bam::array_ref<std::uint32_t> a, layout l, std::uint32_t stretch, int iters,
+                              counters* c) {
+  const std::uint64_t warp = (blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x) / 32;
+  const unsigned lane = threadIdx.x % 32;
+  unsigned long long bad = 0, done = 0;
+  for (int it = 0; it < iters; ++it) {
+    const std::uint64_t begin = rnd(warp * 7 + it) % (a.size() - stretch);
+    auto r = a.reader();
+    for (std::uint32_t k = lane; k < stretch; k += 32) {
+      bad += r[begin + k] != l.expected(begin + k);
+      ++done;
+    }
+  }
+  if (bad) atomicAdd(&c->bad, bad);
+  atomicAdd(&c->done, done);
+}
+
 __global__ void index_kernel(bam::array_ref<std::uint32_t> a, std::uint64_t i, std::uint32_t* out) {
   out[threadIdx.x] = a[i + threadIdx.x];
 }
-
-struct device_counters {
-  bam::gpu::device_buffer<counters> buf{1};
-  device_counters() { reset(); }
-  void reset() {
-    counters c{0, 0, ~0ull};
-    bam::gpu::copy_to_device(buf.get(), &c, 1);
-  }
-  counters get() const {
-    counters c{};
-    bam::gpu::copy_to_host(&c, buf.get(), 1);
-    return c;
-  }
-};
 
 std::string dev_string(const char* media, std::uint64_t mib, std::uint32_t ssds, const char* extra = "") {
   return std::string("emu-gpu:") + media + "=" + std::to_string(mib) + "M,ssds=" + std::to_string(ssds) +
@@ -122,47 +125,46 @@ TEST_CASE("random reads: working set 4x the cache, >= 100,000 threads", "[gpu][a
   const auto page = GENERATE(std::size_t{512}, std::size_t{4096}, std::size_t{65536});
   const std::uint32_t ssds = page == 4096 ? 2 : 1;
   INFO("media " << media << ", page " << page << ", controllers " << ssds);
-  bam::gpu::device dev(dev_string(media.c_str(), 64, ssds));
-  bam_test::fill_pattern(dev);
-  const std::uint64_t array_bytes = 64ull << 20;               // spread over the controllers
-  const std::size_t cache_bytes = array_bytes / 4;             // working set: 4x the cache
+  bam::storage s(dev_string(media.c_str(), 64, ssds));
+  bam_test::fill_pattern(s);
+  const std::uint64_t array_bytes = 64ull << 20;   // spread over the controllers
+  const std::size_t cache_bytes = array_bytes / 4; // working set: 4x the cache
   bam::page_cache cache({.page_size = page, .capacity = cache_bytes});
-  bam::array<std::uint32_t> a(cache, dev.storage(), array_bytes / 4);
-  const layout l{0, static_cast<std::uint32_t>(page), dev.storage().lba_size(), ssds};
+  bam::array<std::uint32_t> a(cache, s, array_bytes / 4);
+  const layout l{0, static_cast<std::uint32_t>(page), s.lba_size(), ssds};
   device_counters c;
   // 131,072 threads. With 64 KiB pages each miss moves 16x the bytes: fewer
   // rounds keep the volume (and so the run time) in line with the others.
   const int blocks = 1024, threads = 128, iters = page >= 65536 ? 2 : 16;
-  random_read_kernel<<<blocks, threads>>>(a.ref(), l, iters, 42, c.buf.get());
-  BAM_CUDA_TRY(cudaGetLastError());
-  BAM_CUDA_TRY(cudaDeviceSynchronize());
+  random_read_kernel<<<blocks, threads>>>(a.ref(), l, iters, 42, c.ptr());
+  BAM_TEST_SYNC();
   REQUIRE_NOTHROW(a.check());
   const counters r = c.get();
   CHECK(r.done == static_cast<unsigned long long>(blocks) * threads * iters);
   INFO("first bad index " << r.first_bad_index);
   CHECK(r.bad == 0);
-  const auto [misses, writebacks] = cache.counters();
-  CHECK(misses > cache.slot_count()); // the working set does not fit: pages were evicted and reloaded
-  CHECK(writebacks == 0);
+  const auto k = cache.counters();
+  CHECK(k.misses > cache.slot_count()); // the working set does not fit: pages were evicted and reloaded
+  CHECK(k.writebacks == 0);
 }
 
 TEST_CASE("small random read for the sanitizers", "[gpu][array][sanitize]") {
-  bam::gpu::device dev("emu-gpu:hbm=4M,ssds=2,queues=8,depth=32");
-  bam_test::fill_pattern(dev);
+  bam::storage s("emu-gpu:hbm=4M,ssds=2,queues=8,depth=32");
+  bam_test::fill_pattern(s);
   bam::page_cache cache({.page_size = 4096, .capacity = 64 << 10}); // 16 pages: evictions
-  bam::array<std::uint32_t> a(cache, dev.storage(), (256ull << 10) / 4);
+  bam::array<std::uint32_t> a(cache, s, (256ull << 10) / 4);
   const layout l{0, 4096, 512, 2};
   device_counters c;
-  random_read_kernel<<<4, 64>>>(a.ref(), l, 2, 7, c.buf.get());
-  BAM_CUDA_TRY(cudaDeviceSynchronize());
+  random_read_kernel<<<4, 64>>>(a.ref(), l, 2, 7, c.ptr());
+  BAM_TEST_SYNC();
   REQUIRE_NOTHROW(a.check());
   CHECK(c.get().bad == 0);
   write_kernel<<<4, 64>>>(a.ref(), 3);
-  BAM_CUDA_TRY(cudaDeviceSynchronize());
+  BAM_TEST_SYNC();
   REQUIRE_NOTHROW(a.check());
   c.reset();
-  verify_kernel<<<4, 64>>>(a.ref(), 3, c.buf.get());
-  BAM_CUDA_TRY(cudaDeviceSynchronize());
+  verify_kernel<<<4, 64>>>(a.ref(), 3, c.ptr());
+  BAM_TEST_SYNC();
   REQUIRE_NOTHROW(a.check());
   CHECK(c.get().bad == 0);
   REQUIRE_NOTHROW(cache.flush());
@@ -172,58 +174,51 @@ TEST_CASE("writes, eviction write-back, flush and reread", "[gpu][array]") {
   const auto page = GENERATE(std::size_t{512}, std::size_t{4096}, std::size_t{65536});
   const std::uint32_t ssds = 2;
   INFO("page " << page);
-  bam::gpu::device dev(dev_string("hbm", 32, ssds));
-  bam_test::fill_pattern(dev);
-  const std::uint64_t n = (64ull << 20) / 4;  // 64 MiB over 2 controllers
+  bam::storage s(dev_string("hbm", 32, ssds));
+  bam_test::fill_pattern(s);
+  const std::uint64_t n = (64ull << 20) / 4; // 64 MiB over 2 controllers
   bam::page_cache cache({.page_size = page, .capacity = 16ull << 20});
-  bam::array<std::uint32_t> a(cache, dev.storage(), n);
+  bam::array<std::uint32_t> a(cache, s, n);
   write_kernel<<<512, 256>>>(a.ref(), 77);
-  BAM_CUDA_TRY(cudaDeviceSynchronize());
+  BAM_TEST_SYNC();
   REQUIRE_NOTHROW(a.check());
-  const auto [misses, writebacks] = cache.counters();
-  CHECK(writebacks > 0); // 4x the cache written: dirty pages were evicted
-  // Reread through the cache (most pages come back from the media).
+  CHECK(cache.counters().writebacks > 0); // 4x the cache written: dirty pages were evicted
   device_counters c;
-  verify_kernel<<<512, 256>>>(a.ref(), 77, c.buf.get());
-  BAM_CUDA_TRY(cudaDeviceSynchronize());
+  verify_kernel<<<512, 256>>>(a.ref(), 77, c.ptr());
+  BAM_TEST_SYNC();
   REQUIRE_NOTHROW(a.check());
   CHECK(c.get().done == n);
   CHECK(c.get().bad == 0);
   // Flush, then check the media itself from the host.
   REQUIRE_NOTHROW(cache.flush());
-  std::vector<std::uint32_t> media(dev.storage().blocks_per_controller() * 512 / 4);
+  std::vector<std::uint32_t> media(s.blocks_per_controller() * 512 / 4);
   const std::uint64_t per_page = page / 4;
   std::uint64_t bad = 0;
   for (std::uint32_t ctrl = 0; ctrl < ssds; ++ctrl) {
-    dev.read_media(ctrl, 0, media.data(), media.size() * 4);
+    s.read_media(ctrl, 0, media.data(), media.size() * 4);
     for (std::uint64_t i = 0; i < n; ++i) {
       const std::uint64_t p = i / per_page;
       if (p % ssds != ctrl) continue;
       const std::uint64_t off = (p / ssds) * per_page + i % per_page;
-      std::uint64_t x = i * 31 + 77;
-      x += 0x9e3779b97f4a7c15ull;
-      x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-      x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-      x ^= x >> 31;
-      bad += media[off] != static_cast<std::uint32_t>(x);
+      bad += media[off] != static_cast<std::uint32_t>(rnd(i * 31 + 77));
     }
   }
   CHECK(bad == 0);
 }
 
 TEST_CASE("many arrays share one cache", "[gpu][array]") {
-  bam::gpu::device dev(dev_string("ram", 64, 2));
-  bam_test::fill_pattern(dev);
+  bam::storage s(dev_string("ram", 64, 2));
+  bam_test::fill_pattern(s);
   bam::page_cache cache({.page_size = 4096, .capacity = 8ull << 20});
-  // Three arrays at different places of the same namespaces.
+  // Three arrays at different places of the same namespaces (page aligned: 8 blocks).
   const std::uint64_t n = (16ull << 20) / 4;
-  bam::array<std::uint32_t> a(cache, dev.storage(), n, 0);
-  bam::array<std::uint32_t> b(cache, dev.storage(), n, 20000);
-  bam::array<std::uint32_t> c3(cache, dev.storage(), n / 2 + 123, 50000);
+  bam::array<std::uint32_t> a(cache, s, n, 0);
+  bam::array<std::uint32_t> b(cache, s, n, 20000);
+  bam::array<std::uint32_t> c3(cache, s, n / 2 + 123, 50000);
   const layout la{0, 4096, 512, 2}, lb{20000, 4096, 512, 2}, lc{50000, 4096, 512, 2};
   device_counters c;
-  multi_array_kernel<<<512, 256>>>(a.ref(), la, b.ref(), lb, c3.ref(), lc, 8, c.buf.get());
-  BAM_CUDA_TRY(cudaDeviceSynchronize());
+  multi_array_kernel<<<512, 256>>>(a.ref(), la, b.ref(), lb, c3.ref(), lc, 8, c.ptr());
+  BAM_TEST_SYNC();
   REQUIRE_NOTHROW(a.check());
   REQUIRE_NOTHROW(b.check());
   REQUIRE_NOTHROW(c3.check());
@@ -233,29 +228,219 @@ TEST_CASE("many arrays share one cache", "[gpu][array]") {
 
 TEST_CASE("warp-cooperative range copies", "[gpu][array]") {
   const auto page = GENERATE(std::size_t{512}, std::size_t{4096});
-  bam::gpu::device dev(dev_string("hbm", 64, 4));
-  bam_test::fill_pattern(dev);
+  bam::storage s(dev_string("hbm", 64, 4));
+  bam_test::fill_pattern(s);
   bam::page_cache cache({.page_size = page, .capacity = 16ull << 20});
-  bam::array<std::uint32_t> a(cache, dev.storage(), (256ull << 20) / 4);
+  bam::array<std::uint32_t> a(cache, s, (256ull << 20) / 4);
   const layout l{0, static_cast<std::uint32_t>(page), 512, 4};
   const std::uint32_t max_len = 5000;
   const int blocks = 256, threads = 128;
-  bam::gpu::device_buffer<std::uint32_t> scratch(static_cast<std::size_t>(blocks) * threads / 32 * max_len);
+  bam::device_buffer<std::uint32_t> scratch(static_cast<std::size_t>(blocks) * threads / 32 * max_len);
   device_counters c;
-  copy_range_kernel<<<blocks, threads>>>(a.ref(), l, scratch.get(), max_len, 4, c.buf.get());
-  BAM_CUDA_TRY(cudaDeviceSynchronize());
+  copy_range_kernel<<<blocks, threads>>>(a.ref(), l, scratch.get(), max_len, 4, c.ptr());
+  BAM_TEST_SYNC();
   REQUIRE_NOTHROW(a.check());
   CHECK(c.get().bad == 0);
   CHECK(c.get().done == static_cast<unsigned long long>(blocks) * threads / 32 * 4);
 }
 
+TEST_CASE("readers keep pages between accesses and see the right data under eviction", "[gpu][array]") {
+  const auto page = GENERATE(std::size_t{512}, std::size_t{4096}, std::size_t{16384});
+  bam::storage s(dev_string("hbm", 64, 2));
+  bam_test::fill_pattern(s);
+  bam::page_cache cache({.page_size = page, .capacity = 4ull << 20});
+  bam::array<std::uint32_t> a(cache, s, (128ull << 20) / 4);
+  const layout l{0, static_cast<std::uint32_t>(page), 512, 2};
+  device_counters c;
+  reader_kernel<<<256, 256>>>(a.ref(), l, 3000, 4, c.ptr());
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(a.check());
+  CHECK(c.get().bad == 0);
+  CHECK(c.get().done == 256ull * 256 / 32 * 3000 * 4);
+}
+
+TEST_CASE("a cache with one way per set", "[gpu][array]") {
+  bam::storage s(dev_string("hbm", 32, 1));
+  bam_test::fill_pattern(s);
+  bam::page_cache cache({.page_size = 4096, .capacity = 2ull << 20, .ways = 1});
+  bam::array<std::uint32_t> a(cache, s, (32ull << 20) / 4);
+  device_counters c;
+  random_read_kernel<<<512, 128>>>(a.ref(), layout{0, 4096, 512, 1}, 8, 3, c.ptr());
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(a.check());
+  CHECK(c.get().bad == 0);
+  write_kernel<<<256, 256>>>(a.ref(), 5);
+  BAM_TEST_SYNC();
+  c.reset();
+  verify_kernel<<<256, 256>>>(a.ref(), 5, c.ptr());
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(a.check());
+  CHECK(c.get().bad == 0);
+  CHECK(c.get().done == (32ull << 20) / 4);
+}
+
+// ---- every element size ------------------------------------------------------
+
+namespace {
+
+struct pair16 {
+  std::uint64_t a, b;
+};
+struct vec32 {
+  std::uint32_t w[8];
+};
+
+//! The bytes element i holds on the media, by the layout (element size E).
+template <class T>
+__host__ __device__ T expected_element(const layout& l, std::uint64_t i) {
+  unsigned char bytes[sizeof(T)];
+  for (std::uint32_t k = 0; k < sizeof(T); ++k) {
+    // Byte k of element i is byte (i * E + k) of the array.
+    const std::uint64_t b = i * sizeof(T) + k;
+    layout l4 = l;
+    l4.elem = 4;
+    const std::uint32_t w = l4.word(b / 4, 0);
+    bytes[k] = static_cast<unsigned char>(w >> (8 * (b % 4)));
+  }
+  T t;
+  memcpy(&t, bytes, sizeof(T));
+  return t;
+}
+template <class T>
+__host__ __device__ T written_element(std::uint64_t i) {
+  unsigned char bytes[sizeof(T)];
+  for (std::uint32_t k = 0; k < sizeof(T); ++k) bytes[k] = static_cast<unsigned char>(rnd(i * 131 + k) >> 7);
+  T t;
+  memcpy(&t, bytes, sizeof(T));
+  return t;
+}
+template <class T>
+__host__ __device__ bool same(const T& x, const T& y) {
+  const auto* a = reinterpret_cast<const unsigned char*>(&x);
+  const auto* b = reinterpret_cast<const unsigned char*>(&y);
+  for (std::size_t k = 0; k < sizeof(T); ++k)
+    if (a[k] != b[k]) return false;
+  return true;
+}
+
+template <class T>
+__global__ void element_read_kernel(bam::array_ref<T> a, layout l, counters* c) {
+  unsigned long long bad = 0;
+  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < a.size();
+       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
+    bad += !same(a[i], expected_element<T>(l, i));
+  if (bad) atomicAdd(&c->bad, bad);
+}
+template <class T>
+__global__ void element_write_kernel(bam::array_ref<T> a) {
+  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < a.size();
+       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
+    if (i % 3 != 0) a.write(i, written_element<T>(i));
+}
+template <class T>
+__global__ void element_check_kernel(bam::array_ref<T> a, layout l, T* scratch, counters* c) {
+  // Every element through a reader, and every 1000-element range through copy_to.
+  const std::uint64_t warp = (blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x) / 32;
+  const std::uint64_t warps = static_cast<std::uint64_t>(gridDim.x) * blockDim.x / 32;
+  const unsigned lane = threadIdx.x % 32;
+  constexpr std::uint64_t chunk = 1000;
+  unsigned long long bad = 0;
+  T* out = scratch + warp * chunk;
+  for (std::uint64_t begin = warp * chunk; begin < a.size(); begin += warps * chunk) {
+    const std::uint64_t len = a.size() - begin < chunk ? a.size() - begin : chunk;
+    auto r = a.reader();
+    for (std::uint64_t k = lane; k < ((len + 31) / 32) * 32; k += 32) {
+      const std::uint64_t i = begin + (k < len ? k : len - 1);
+      const T want = i % 3 != 0 ? written_element<T>(i) : expected_element<T>(l, i);
+      bad += !same(r[i], want);
+    }
+    r.release();
+    a.copy_to(begin, len, out);
+    __syncwarp();
+    for (std::uint64_t k = lane; k < len; k += 32) {
+      const std::uint64_t i = begin + k;
+      bad += !same(out[k], i % 3 != 0 ? written_element<T>(i) : expected_element<T>(l, i));
+    }
+    __syncwarp();
+  }
+  if (bad) atomicAdd(&c->bad, bad);
+}
+
+} // namespace
+
+TEMPLATE_TEST_CASE("every element size: reads, writes, readers and range copies", "[gpu][array][elements]",
+                   std::uint8_t, std::uint16_t, std::uint32_t, std::uint64_t, pair16, vec32) {
+  using T = TestType;
+  bam::storage s(dev_string("hbm", 16, 2));
+  bam_test::fill_pattern(s);
+  bam::page_cache cache({.page_size = 4096, .capacity = 1ull << 20}); // a quarter of the data
+  const std::uint64_t n = (4ull << 20) / sizeof(T) + 7;                 // not a whole number of pages
+  bam::array<T> a(cache, s, n, 64);
+  layout l{64, 4096, 512, 2};
+  l.elem = sizeof(T);
+  device_counters c;
+  element_read_kernel<T><<<256, 256>>>(a.ref(), l, c.ptr());
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(a.check());
+  CHECK(c.get().bad == 0);
+  element_write_kernel<T><<<256, 256>>>(a.ref());
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(a.check());
+  const int blocks = 64, threads = 128;
+  bam::device_buffer<T> scratch(static_cast<std::size_t>(blocks) * threads / 32 * 1000);
+  c.reset();
+  element_check_kernel<T><<<blocks, threads>>>(a.ref(), l, scratch.get(), c.ptr());
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(a.check());
+  CHECK(c.get().bad == 0);
+  // On the media, after a flush: written elements and untouched ones.
+  REQUIRE_NOTHROW(cache.flush());
+  std::vector<unsigned char> media(s.blocks_per_controller() * 512);
+  std::vector<unsigned char> other(media.size());
+  s.read_media(0, 0, media.data(), media.size());
+  s.read_media(1, 0, other.data(), other.size());
+  std::uint64_t bad = 0;
+  const std::uint64_t per_page = 4096 / sizeof(T);
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint64_t p = i / per_page;
+    const auto& m = p % 2 == 0 ? media : other;
+    const std::uint64_t off = 64 * 512 + (p / 2) * 4096 + (i % per_page) * sizeof(T);
+    T got;
+    std::memcpy(&got, m.data() + off, sizeof(T));
+    bad += !same(got, i % 3 != 0 ? written_element<T>(i) : expected_element<T>(l, i));
+  }
+  CHECK(bad == 0);
+}
+
+TEST_CASE("arrays move; a moved-from array detaches nothing", "[gpu][array]") {
+  bam::storage s(dev_string("hbm", 8, 1));
+  bam_test::fill_pattern(s);
+  bam::page_cache cache({.page_size = 4096, .capacity = 1 << 20});
+  std::vector<bam::array<std::uint32_t>> arrays;
+  arrays.emplace_back(cache, s, (1ull << 20) / 4, 0);
+  arrays.emplace_back(cache, s, (1ull << 20) / 4, 4096);
+  bam::array<std::uint32_t> moved = std::move(arrays[0]);
+  device_counters c;
+  random_read_kernel<<<64, 128>>>(moved.ref(), layout{0, 4096, 512, 1}, 4, 1, c.ptr());
+  random_read_kernel<<<64, 128>>>(arrays[1].ref(), layout{4096, 4096, 512, 1}, 4, 2, c.ptr());
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(moved.check());
+  REQUIRE_NOTHROW(arrays[1].check());
+  CHECK(c.get().bad == 0);
+  arrays.clear(); // the moved-from one too: no double detach
+  random_read_kernel<<<64, 128>>>(moved.ref(), layout{0, 4096, 512, 1}, 4, 3, c.ptr());
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(moved.check());
+  CHECK(c.get().bad == 0);
+}
+
 TEST_CASE("a bad index is recorded and check() throws with the index", "[gpu][array][sanitize]") {
-  bam::gpu::device dev("emu-gpu:hbm=4M,queues=4,depth=16");
+  bam::storage s("emu-gpu:hbm=4M,queues=4,depth=16");
   bam::page_cache cache({.page_size = 4096, .capacity = 64 << 10});
-  bam::array<std::uint32_t> a(cache, dev.storage(), 1000);
-  bam::gpu::device_buffer<std::uint32_t> out(32);
+  bam::array<std::uint32_t> a(cache, s, 1000);
+  bam::device_buffer<std::uint32_t> out(32);
   index_kernel<<<1, 32>>>(a.ref(), 990, out.get()); // lanes 10.. are out of range
-  BAM_CUDA_TRY(cudaDeviceSynchronize());
+  BAM_TEST_SYNC();
   try {
     a.check();
     FAIL("check() did not throw");
@@ -270,44 +455,49 @@ TEST_CASE("a bad index is recorded and check() throws with the index", "[gpu][ar
   REQUIRE_NOTHROW(a.check()); // collected: the record is clear again
 }
 
-TEST_CASE("an injected error status makes check() throw with LBA and status", "[gpu][array]") {
-  bam::gpu::device dev("emu-gpu:hbm=16M,ssds=2,queues=16,depth=64");
-  bam_test::fill_pattern(dev);
+TEST_CASE("an injected error status makes check() throw with LBA, controller and status", "[gpu][array]") {
+  bam::storage s("emu-gpu:hbm=16M,ssds=2,queues=16,depth=64");
+  bam_test::fill_pattern(s);
   bam::page_cache cache({.page_size = 4096, .capacity = 1 << 20});
-  bam::array<std::uint32_t> a(cache, dev.storage(), (16ull << 20) / 4);
-  const bam::nvme::status bad{bam::nvme::status_type::media_error, bam::nvme::media_status::unrecovered_read_error, true};
-  dev.gpu_engines()[1]->inject_error(800, 808, bad); // one page on controller 1
+  bam::array<std::uint32_t> a(cache, s, (16ull << 20) / 4);
+  bam::emu::fault_rule r;
+  r.opcode = static_cast<std::uint8_t>(bam::nvme::nvm_opcode::read);
+  r.lba_first = 800;
+  r.lba_last = 807; // one page on controller 1
+  r.count = 0;
+  r.status = {bam::nvme::status_type::media_error, bam::nvme::media_status::unrecovered_read_error, true};
+  s.emu_controllers()[1]->faults().add(r);
   device_counters c;
-  const layout l{0, 4096, 512, 2};
-  random_read_kernel<<<256, 128>>>(a.ref(), l, 32, 5, c.buf.get());
-  BAM_CUDA_TRY(cudaDeviceSynchronize());
+  random_read_kernel<<<256, 128>>>(a.ref(), layout{0, 4096, 512, 2}, 32, 5, c.ptr());
+  BAM_TEST_SYNC();
   try {
     a.check();
     FAIL("check() did not throw");
   } catch (const bam::error& e) {
     INFO(e.what());
     REQUIRE(e.status().has_value());
-    CHECK(*e.status() == bad);
+    CHECK(*e.status() == r.status);
     REQUIRE(e.context().lba.has_value());
     CHECK(*e.context().lba == 800);
+    CHECK(e.context().controller == s.controller_name(1)); // which of the two
     REQUIRE(e.context().index.has_value());
     CHECK(*e.context().index / 1024 == 2 * 100 + 1); // page 201: controller 1, LBA 800
   }
-  dev.gpu_engines()[1]->clear_error();
+  s.emu_controllers()[1]->faults().clear();
 }
 
 TEST_CASE("a controller that stops answering gives a timeout error, and the process goes on", "[gpu][array]") {
-  bam::gpu::device dev("emu-gpu:hbm=16M,queues=8,depth=32,timeout=300ms");
-  bam::page_cache cache({.page_size = 4096, .capacity = 1 << 20, .timeout_ns = 2'000'000'000ull});
-  bam::array<std::uint32_t> a(cache, dev.storage(), (16ull << 20) / 4);
-  dev.gpu_engines()[0]->set_paused(true);
+  bam::storage s("emu-gpu:hbm=16M,queues=8,depth=32,timeout=300ms");
+  bam::page_cache cache({.page_size = 4096, .capacity = 1 << 20, .timeout_ns = 300'000'000ull});
+  bam::array<std::uint32_t> a(cache, s, (16ull << 20) / 4);
+  s.emu_controllers()[0]->stop_answering(true);
   device_counters c;
   const auto t0 = std::chrono::steady_clock::now();
-  random_read_kernel<<<64, 128>>>(a.ref(), layout{0, 4096, 512, 1}, 4, 9, c.buf.get());
-  BAM_CUDA_TRY(cudaDeviceSynchronize());
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  INFO("kernel took " << s << " s");
-  CHECK(s < 30);
+  random_read_kernel<<<64, 128>>>(a.ref(), layout{0, 4096, 512, 1}, 4, 9, c.ptr());
+  BAM_TEST_SYNC();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO("kernel took " << secs << " s");
+  CHECK(secs < 30);
   try {
     a.check();
     FAIL("check() did not throw");
@@ -317,5 +507,5 @@ TEST_CASE("a controller that stops answering gives a timeout error, and the proc
     CHECK((*e.status() == bam::nvme::status_timeout || *e.status() == bam::nvme::status_queue_broken ||
            *e.status() == bam::nvme::status_queue_full));
   }
-  dev.gpu_engines()[0]->set_paused(false);
+  s.emu_controllers()[0]->stop_answering(false);
 }

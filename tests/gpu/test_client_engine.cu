@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// The CPU engine serving GPU clients: a GPU kernel on a plain file.
+// The CPU engine for GPU clients: a GPU kernel on a plain file.
 #include "test_util.cuh"
 
 #include <catch2/catch_test_macros.hpp>
@@ -33,20 +33,20 @@ __global__ void fill_kernel(bam::array_ref<std::uint32_t> a) {
 TEST_CASE("CPU engine for GPU clients: random reads and writes on a file", "[gpu][client]") {
   const std::string path = "/tmp/bam-gpu-client-" + std::to_string(::getpid()) + ".img";
   {
-    bam::gpu::device dev("emu:file=" + path + ",size=16M,queues=16,depth=64,threads=2");
-    bam_test::fill_pattern(dev);
+    bam::storage s("emu:file=" + path + ",size=16M,queues=16,depth=64,threads=2");
+    bam_test::fill_pattern(s);
     bam::page_cache cache({.page_size = 4096, .capacity = 4 << 20});
-    bam::array<std::uint32_t> a(cache, dev.storage(), (16ull << 20) / 4);
-    bam::gpu::device_buffer<unsigned long long> bad(1);
+    bam::array<std::uint32_t> a(cache, s, (16ull << 20) / 4);
+    bam::device_buffer<unsigned long long> bad(1);
     read_check_kernel<<<128, 128>>>(a.ref(), bam_test::layout{0, 4096, 512, 1}, 8, bad.get());
-    BAM_CUDA_TRY(cudaDeviceSynchronize());
+    BAM_TEST_SYNC();
     REQUIRE_NOTHROW(a.check());
     unsigned long long b = 1;
-    bam::gpu::copy_to_host(&b, bad.get(), 1);
+    bam::copy_to_host(&b, bad.get(), 1);
     CHECK(b == 0);
 
     fill_kernel<<<64, 256>>>(a.ref());
-    BAM_CUDA_TRY(cudaDeviceSynchronize());
+    BAM_TEST_SYNC();
     REQUIRE_NOTHROW(a.check());
     REQUIRE_NOTHROW(cache.flush());
   }

@@ -9,10 +9,14 @@
 #define BAM_HD __host__ __device__
 #define BAM_DEVICE __device__
 #define BAM_HOST __host__
+//! Slow paths (misses, waits, the software controller's work) stay out of
+//! line, so the hit path that inlines into user kernels keeps few registers.
+#define BAM_NOINLINE __noinline__
 #else
 #define BAM_HD
 #define BAM_DEVICE
 #define BAM_HOST
+#define BAM_NOINLINE
 #endif
 
 // Before a host/device function template that host code instantiates with

@@ -105,6 +105,8 @@ struct cq_state {
   std::uint32_t promised = 0; //!< slots promised to completions not posted yet
 };
 
+struct nvm_target; // nvm_executor.hpp
+
 //! One submission queue as an engine sees it.
 struct queue_info {
   std::uint16_t qid = 0;       //!< SQ id (0: admin)
@@ -116,8 +118,12 @@ struct queue_info {
   std::uint64_t sq_bus = 0;                  //!< bus addresses the host gave
   std::uint64_t cq_bus = 0;
   std::uint64_t ready_at_ns = 0; //!< do not fetch before (bam::detail::now_ns clock)
-  //! Process one fetched command (fault rules, execution, statistics). Any thread.
+  //! Process one fetched command (fault rules, execution, statistics, error
+  //! log) with the controller's host backend. Any thread.
   std::function<command_outcome(const nvme::command&)> process;
+  //! What commands execute against, for engines that run the executor with
+  //! a backend of their own (data in GPU memory).
+  const nvm_target* target = nullptr;
 };
 
 //! An engine serving submission queues.

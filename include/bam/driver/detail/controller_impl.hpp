@@ -25,15 +25,25 @@ inline controller::controller(std::shared_ptr<transport> t, controller_options o
     opts_.state_alloc = [](std::size_t bytes) { return host_state_alloc(bytes); };
     opts_.state_free = [](void* p) { std::free(p); };
   }
-  try {
-    bring_up();
-  } catch (...) {
-    state_ = controller_state::failed;
+  const auto stop = [&] {
     // Stop the controller before its queue memory (and anything a timed-out
     // command may still reach) goes back to the allocator.
     reset_quietly();
     quarantine_.clear();
     release_queues();
+  };
+  try {
+    bring_up();
+  } catch (const error& e) {
+    const controller_state at = state_;
+    state_ = controller_state::failed;
+    stop();
+    if (std::string(e.what()).find("bring-up failed") != std::string::npos) throw;
+    // A command failed: say in which state, keep what it said.
+    throw error::wrap(std::string("controller bring-up failed in state '") + state_name(at) + "'", e);
+  } catch (...) {
+    state_ = controller_state::failed;
+    stop();
     throw;
   }
 }

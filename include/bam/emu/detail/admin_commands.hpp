@@ -203,6 +203,7 @@ inline nvme::status emulated_controller::create_sq(const nvme::command& cmd) {
     std::atomic_ref<std::uint32_t>(*q.sq_tail_doorbell).store(0, std::memory_order_release);
   }
   q.process = [this, id = q.qid](const nvme::command& c) { return process(c, id); };
+  q.target = &target_;
   const nvme::status st = io_engine_->queue_created(q);
   if (!st.ok()) {
     // The engine cannot serve this queue (the GPU engine serves one SQ per CQ): refuse it.

@@ -3,9 +3,9 @@
 //! file and line), and RAII owners of device memory and pinned host memory.
 //!
 //! @code
-//!   bam::gpu::device_buffer<float> d(1 << 20);           // cudaMalloc, zeroed
-//!   bam::gpu::pinned_buffer<std::uint8_t> h(1 << 20);    // cudaHostAlloc, mapped
-//!   BAM_CUDA_TRY(cudaDeviceSynchronize());
+//!   bam::device_buffer<float> d(1 << 20);           // cudaMalloc, zeroed
+//!   bam::pinned_buffer<std::uint8_t> h(1 << 20);    // cudaHostAlloc, mapped
+//!   BAM_CUDA_TRY(cudaStreamSynchronize(stream));
 //! @endcode
 #pragma once
 
@@ -19,7 +19,7 @@
 #include <string>
 #include <utility>
 
-namespace bam::gpu {
+namespace bam::detail {
 
 //! Throw `bam::error` for a failed CUDA call.
 [[noreturn]] inline void throw_cuda(cudaError_t e, const char* what, const char* file, int line) {
@@ -27,12 +27,12 @@ namespace bam::gpu {
               ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
 }
 
-} // namespace bam::gpu
+} // namespace bam::detail
 
 #define BAM_CUDA_TRY(call)                                                                         \
   do {                                                                                             \
     const cudaError_t bam_cuda_err_ = (call);                                                      \
-    if (bam_cuda_err_ != cudaSuccess) ::bam::gpu::throw_cuda(bam_cuda_err_, #call, __FILE__, __LINE__); \
+    if (bam_cuda_err_ != cudaSuccess) ::bam::detail::throw_cuda(bam_cuda_err_, #call, __FILE__, __LINE__); \
   } while (0)
 
 //! For destructors: report, never throw.
@@ -44,7 +44,7 @@ namespace bam::gpu {
                    cudaGetErrorString(bam_cuda_err_));                                             \
   } while (0)
 
-namespace bam::gpu {
+namespace bam {
 
 //! cudaMalloc'ed memory, zeroed on the device.
 struct device_allocation {
@@ -52,6 +52,8 @@ struct device_allocation {
     void* p = nullptr;
     BAM_CUDA_TRY(cudaMalloc(&p, bytes));
     BAM_CUDA_TRY(cudaMemset(p, 0, bytes));
+    // Zeroed before any stream (blocking or not) can use it.
+    BAM_CUDA_TRY(cudaStreamSynchronize(nullptr));
     return p;
   }
   static void release(void* p) { BAM_CUDA_LOG(cudaFree(p)); }
@@ -119,5 +121,17 @@ template <class T>
 void copy_to_host(T* dst, const T* src, std::size_t n) {
   if (n != 0) BAM_CUDA_TRY(cudaMemcpy(dst, src, n * sizeof(T), cudaMemcpyDeviceToHost));
 }
+//! Copy `n` objects to the device, ordered on `stream`.
+template <class T>
+void copy_to_device(T* dst, const T* src, std::size_t n, cudaStream_t stream) {
+  if (n != 0) BAM_CUDA_TRY(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyHostToDevice, stream));
+}
+//! Copy `n` objects to the host on `stream` and wait for that stream.
+template <class T>
+void copy_to_host(T* dst, const T* src, std::size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  BAM_CUDA_TRY(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToHost, stream));
+  BAM_CUDA_TRY(cudaStreamSynchronize(stream));
+}
 
-} // namespace bam::gpu
+} // namespace bam

@@ -14,7 +14,7 @@
 #if defined(__CUDACC__)
 #include <vector_types.h>
 
-namespace bam::gpu {
+namespace bam::detail {
 
 BAM_DEVICE inline uint4 ld_cg(const uint4* p) {
   uint4 v;
@@ -33,6 +33,14 @@ BAM_DEVICE inline unsigned ld_cg(const unsigned* p) {
   unsigned v;
   asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
+}
+BAM_DEVICE inline unsigned short ld_cg(const unsigned short* p) {
+  unsigned short v;
+  asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p) : "memory");
+  return v;
+}
+BAM_DEVICE inline void st_cg(unsigned short* p, unsigned short v) {
+  asm volatile("st.global.cg.u16 [%0], %1;" ::"l"(p), "h"(v) : "memory");
 }
 BAM_DEVICE inline unsigned char ld_cg(const unsigned char* p) {
   unsigned short v;
@@ -53,5 +61,5 @@ BAM_DEVICE inline void st_cg(unsigned char* p, unsigned char v) {
   asm volatile("st.global.cg.u8 [%0], %1;" ::"l"(p), "h"(static_cast<unsigned short>(v)) : "memory");
 }
 
-} // namespace bam::gpu
+} // namespace bam::detail
 #endif

@@ -1,0 +1,127 @@
+// SPDX-License-Identifier: MIT
+//! The CUDA side of the CPU engine for GPU clients (`client_engine.hpp`):
+//! copies on a stream per engine thread, doorbells and bounce buffers in
+//! pinned host memory, queue rings in pinned host memory mapped into the GPU.
+//!
+//! @code
+//!   auto media = bam::emu::make_file_media("/data/x.img", 0, false);
+//!   auto engine = bam::emu::make_client_engine(media, /*max_qid=*/128, /*threads=*/4);
+//!   cfg.io_engine = engine;
+//!   bam::controller c(bam::emu::make_controller(cfg), bam::emu::client_queue_options({}));
+//! @endcode
+#pragma once
+
+#include <bam/cuda.cuh>
+#include <bam/driver/controller.hpp>
+#include <bam/emu/client_engine.hpp>
+#include <bam/runtime/detail/device_memory.cuh>
+
+#include <cuda_runtime.h>
+
+#include <memory>
+
+namespace bam::emu {
+
+namespace detail {
+
+//! Copies on a non-blocking stream of its own.
+class cuda_copier final : public gpu_copier {
+public:
+  cuda_copier() { BAM_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+  ~cuda_copier() override { BAM_CUDA_LOG(cudaStreamDestroy(stream_)); }
+  bool to_gpu(std::uint64_t gpu, const void* src, std::size_t n) override {
+    return note(cudaMemcpyAsync(reinterpret_cast<void*>(gpu), src, n, cudaMemcpyDefault, stream_));
+  }
+  bool from_gpu(void* dst, std::uint64_t gpu, std::size_t n) override {
+    return note(cudaMemcpyAsync(dst, reinterpret_cast<const void*>(gpu), n, cudaMemcpyDefault, stream_));
+  }
+  bool wait() override {
+    const bool ok = note(cudaStreamSynchronize(stream_)) && ok_;
+    ok_ = true;
+    return ok;
+  }
+
+private:
+  bool note(cudaError_t e) {
+    if (e != cudaSuccess) {
+      ok_ = false;
+      (void)cudaGetLastError(); // a failed call is reported through the command's status
+    }
+    return e == cudaSuccess;
+  }
+  cudaStream_t stream_ = nullptr;
+  bool ok_ = true;
+};
+
+//! Pinned, GPU-mapped host memory owned by an engine.
+class client_engine_owner final : public io_engine {
+public:
+  client_engine_owner(std::shared_ptr<media> m, std::uint32_t max_qid, std::uint32_t threads)
+      : doorbells_(2 * (static_cast<std::size_t>(max_qid) + 1)),
+        engine_(std::move(m), max_qid, threads, std::span<std::uint32_t>(doorbells_.get(), doorbells_.size()),
+                [] { return std::make_unique<cuda_copier>(); },
+                [](std::size_t bytes) -> void* {
+                  void* p = nullptr;
+                  return cudaHostAlloc(&p, bytes, cudaHostAllocPortable) == cudaSuccess ? p : nullptr;
+                },
+                [](void* p) { BAM_CUDA_LOG(cudaFreeHost(p)); }) {}
+  client_engine& engine() { return engine_; }
+  nvme::status queue_created(const queue_info& q) override { return engine_.queue_created(q); }
+  void queue_deleted(std::uint16_t sqid) override { engine_.queue_deleted(sqid); }
+  void reset() override { engine_.reset(); }
+  volatile std::uint32_t* device_doorbell(std::uint32_t offset) override { return engine_.device_doorbell(offset); }
+  void attached(std::uint32_t dstrd) override { engine_.attached(dstrd); }
+
+private:
+  pinned_buffer<std::uint32_t> doorbells_; // destroyed after the engine's threads stop
+  client_engine engine_;
+};
+
+//! Pinned host memory mapped for a controller (queue rings).
+class pinned_region final : public dma_region {
+public:
+  static std::unique_ptr<dma_region> make(transport& t, std::size_t bytes) {
+    const std::size_t size = transport::round_up(bytes);
+    void* raw = nullptr; // cudaHostAlloc does not promise 4 KiB alignment for small sizes
+    BAM_CUDA_TRY(cudaHostAlloc(&raw, size + dma_page_size, cudaHostAllocMapped | cudaHostAllocPortable));
+    void* p = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(raw) + dma_page_size - 1) / dma_page_size *
+                                      dma_page_size);
+    std::memset(p, 0, size);
+    try {
+      return std::unique_ptr<dma_region>(new pinned_region(t.map(p, size, memory_kind::host), raw));
+    } catch (...) {
+      cudaFreeHost(raw);
+      throw;
+    }
+  }
+  ~pinned_region() override {
+    mapping_.reset();
+    BAM_CUDA_LOG(cudaFreeHost(raw_));
+  }
+
+private:
+  pinned_region(std::unique_ptr<dma_region> m, void* raw)
+      : dma_region(m->data(), m->size(), m->kind(), m->page_bus()), mapping_(std::move(m)), raw_(raw) {}
+  std::unique_ptr<dma_region> mapping_;
+  void* raw_;
+};
+
+} // namespace detail
+
+//! A CPU engine serving GPU clients from `m`, with CUDA copies.
+inline std::shared_ptr<io_engine> make_client_engine(std::shared_ptr<media> m, std::uint32_t max_qid,
+                                                     std::uint32_t threads) {
+  return std::make_shared<detail::client_engine_owner>(std::move(m), max_qid, threads);
+}
+
+//! Controller options for this engine: rings in pinned, GPU-mapped host
+//! memory; submitter state in GPU memory; GPU doorbells.
+inline controller_options client_queue_options(controller_options o) {
+  o.ring_alloc = [](transport& t, std::size_t bytes) { return detail::pinned_region::make(t, bytes); };
+  o.state_alloc = [](std::size_t bytes) { return bam::detail::alloc_queue_state(bytes); };
+  o.state_free = [](void* p) { BAM_CUDA_LOG(cudaFree(p)); };
+  o.device_doorbells = true;
+  return o;
+}
+
+} // namespace bam::emu

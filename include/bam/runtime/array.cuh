@@ -1,0 +1,146 @@
+// SPDX-License-Identifier: MIT
+//! `bam::array<T>`: an array of T on NVMe storage that GPU kernels index as if
+//! it were memory, through a `bam::page_cache`. `bam::array_ref<T>` is its
+//! trivially copyable handle, passed to kernels by value.
+//!
+//!  - `a[i]` / `a.read(i)` (a value: `a[i] = v` does not compile),
+//!    `a.write(i, v)`: element access. Threads of a warp that touch the same
+//!    page share one cache reference (one leader per page).
+//!  - `a.copy_to(begin, count, out)`: the whole warp copies a contiguous range
+//!    into a buffer, up to 32 pages in flight at once.
+//!  - `auto r = a.reader(); ... r[i]`: a reader keeps the warp's current
+//!    pages referenced between accesses, so a warp walking through a page
+//!    pays for the cache lookup once per page, not once per element.
+//!  - Pages are striped over the storage's controllers; many arrays share one cache.
+//!  - A bad index or a device error never corrupts anything: the first failure
+//!    (index, LBA, controller, NVMe status) is recorded, the access yields
+//!    `T{}`, and the host turns it into a `bam::error` in `check()`.
+//!
+//! Element types: trivially copyable, size a power of two dividing the page size.
+//!
+//! @code
+//!   __global__ void sum(bam::array_ref<float> a, float* out) {
+//!     const std::uint64_t i = blockIdx.x * std::uint64_t(blockDim.x) + threadIdx.x;
+//!     if (i < a.size()) atomicAdd(out, a[i]);
+//!   }
+//!   bam::array<float> a(cache, storage, n);
+//!   sum<<<(n + 255) / 256, 256, 0, stream>>>(a.ref(), out);
+//!   a.check(stream);
+//! @endcode
+#pragma once
+
+#include <bam/cuda.cuh>
+#include <bam/runtime/detail/array_access.cuh>
+#include <bam/runtime/page_cache.cuh>
+#include <bam/runtime/storage.cuh>
+
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+namespace bam {
+
+//! Owning host object: attaches `n` elements at `start_lba` of a storage to a cache.
+template <class T>
+class array {
+public:
+  static_assert(std::is_trivially_copyable_v<array_ref<T>>, "array_ref must be trivially copyable");
+
+  //! `start_lba`: where the array begins on every controller of `s` (pages
+  //! striped over them). Throws `bam::error` if it does not fit, or overlaps
+  //! an array it cannot share pages with.
+  array(page_cache& cache, const storage& s, std::uint64_t n, std::uint64_t start_lba = 0, cudaStream_t stream = nullptr)
+      : cache_(cache.state()), storage_(s), n_(n) {
+    if (cache.page_size() % sizeof(T) != 0 || (sizeof(T) & (sizeof(T) - 1)) != 0)
+      throw error("bam::array: element size " + std::to_string(sizeof(T)) +
+                  " must be a power of two dividing the page size " + std::to_string(cache.page_size()));
+    if (n == 0) throw error("bam::array: an array needs at least one element");
+    const std::uint64_t per_page = cache.page_size() / sizeof(T);
+    npages_ = (n + per_page - 1) / per_page;
+    err_ = device_buffer<device_error_record>(1);
+    binding_ = cache_->attach(s, start_lba, npages_, stream);
+    attached_ = true;
+    unsigned shift = 0;
+    while ((1ull << shift) < per_page) ++shift;
+    ref_.cache = cache_->ref();
+    ref_.space = binding_.space;
+    ref_.first_page = binding_.first_page;
+    ref_.n = n;
+    ref_.elem_shift = shift;
+    ref_.err = err_.get();
+  }
+
+  //! Writes dirty pages back (when no other array shares them) and detaches.
+  //! A failure is reported through `bam::warn`; the pages stay in the cache
+  //! and `page_cache::flush` tries again.
+  ~array() {
+    if (!attached_) return;
+    try {
+      try {
+        check(nullptr);
+      } catch (const std::exception& e) {
+        warn(std::string(e.what()) + " (reported by ~array)");
+      }
+      detach(nullptr);
+    } catch (const std::exception& e) {
+      warn(std::string("~array: ") + e.what());
+    }
+  }
+  array(const array&) = delete;
+  array& operator=(const array&) = delete;
+  array(array&& o) noexcept
+      : cache_(std::move(o.cache_)), storage_(std::move(o.storage_)), n_(o.n_), npages_(o.npages_),
+        binding_(o.binding_), err_(std::move(o.err_)), ref_(o.ref_), attached_(std::exchange(o.attached_, false)) {}
+  array& operator=(array&& o) noexcept {
+    if (this != &o) {
+      this->~array();
+      new (this) array(std::move(o));
+    }
+    return *this;
+  }
+
+  array_ref<T> ref() const { return ref_; }
+  operator array_ref<T>() const { return ref_; }
+  std::uint64_t size() const { return n_; }
+  std::uint64_t pages() const { return npages_; }
+  const bam::storage& storage() const { return *storage_; }
+
+  //! Throw `bam::error` if a kernel recorded a failure since the last check
+  //! (bad index, NVMe error status, timeout, a failed write-back of one of
+  //! the array's pages). Waits for `stream` (the one the kernels ran on).
+  void check(cudaStream_t stream = nullptr) {
+    BAM_CUDA_TRY(cudaStreamSynchronize(stream));
+    auto name = [&](std::uint32_t c) { return storage_->controller_name(c); };
+    throw_if_recorded(err_.get(), "bam::array access failed", name, stream);
+    if (attached_) cache_->check_space(binding_.space, stream);
+  }
+  //! Write back the cache's dirty pages and NVMe Flush (for every array on the cache).
+  void flush(cudaStream_t stream = nullptr) { page_cache_flush(stream); }
+
+  //! Detach now (the destructor does it otherwise). Throws if the write-back
+  //! of its pages fails; the array is detached either way and the pages
+  //! stay in the cache until a flush writes them.
+  void detach(cudaStream_t stream = nullptr) {
+    if (!attached_) return;
+    attached_ = false;
+    cache_->detach(binding_, stream);
+  }
+
+private:
+  void page_cache_flush(cudaStream_t stream) { cache_->flush(stream); }
+
+  std::shared_ptr<detail::cache_state> cache_;
+  std::optional<bam::storage> storage_;
+  std::uint64_t n_ = 0;
+  std::uint64_t npages_ = 0;
+  detail::array_binding binding_;
+  device_buffer<device_error_record> err_;
+  array_ref<T> ref_{};
+  bool attached_ = false;
+};
+
+} // namespace bam

@@ -1,0 +1,358 @@
+// SPDX-License-Identifier: MIT
+//! `bam::array_ref<T>` and `bam::array_reader<T>`: element access, range
+//! copies and page-holding readers over the page cache (device side).
+//!
+//! Every access is warp-collective over the lanes that make it (the active
+//! mask): lanes on the same page form a group whose leader holds the cache
+//! reference. The common case — the whole warp on one page, the page in the
+//! cache — costs one vote, one lookup and one pin/unpin pair per warp. Misses
+//! and waits go through `page_cache_ref::resolve`; a group whose page is
+//! ready is served and lets its pin go before the warp waits for the others,
+//! so a warp never waits while it holds a page.
+#pragma once
+
+#include <bam/detail/macros.hpp>
+#include <bam/detail/memory_ops.cuh>
+#include <bam/runtime/detail/page_cache_ref.cuh>
+#include <bam/runtime/error_record.cuh>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace bam {
+
+namespace detail {
+
+//! Load a T from cache memory without L1 (another SM or the engine may have filled it).
+template <class T>
+BAM_DEVICE T load_uncached(const T* p) {
+  T t;
+  if constexpr (sizeof(T) == 1) {
+    const unsigned char v = ld_cg(reinterpret_cast<const unsigned char*>(p));
+    std::memcpy(&t, &v, 1);
+  } else if constexpr (sizeof(T) == 2) {
+    const unsigned short v = ld_cg(reinterpret_cast<const unsigned short*>(p));
+    std::memcpy(&t, &v, 2);
+  } else if constexpr (sizeof(T) == 4) {
+    const unsigned v = ld_cg(reinterpret_cast<const unsigned*>(p));
+    std::memcpy(&t, &v, 4);
+  } else if constexpr (sizeof(T) == 8) {
+    const unsigned long long v = ld_cg(reinterpret_cast<const unsigned long long*>(p));
+    std::memcpy(&t, &v, 8);
+  } else {
+    static_assert(sizeof(T) % 16 == 0, "element sizes are powers of two");
+    const auto* s = reinterpret_cast<const uint4*>(p);
+    uint4 v[sizeof(T) / 16];
+#pragma unroll
+    for (std::size_t k = 0; k < sizeof(T) / 16; ++k) v[k] = ld_cg(s + k);
+    std::memcpy(&t, v, sizeof(T));
+  }
+  return t;
+}
+
+template <class T>
+BAM_DEVICE void store_uncached(T* p, const T& value) {
+  if constexpr (sizeof(T) == 1) {
+    unsigned char v;
+    std::memcpy(&v, &value, 1);
+    st_cg(reinterpret_cast<unsigned char*>(p), v);
+  } else if constexpr (sizeof(T) == 2) {
+    unsigned short v;
+    std::memcpy(&v, &value, 2);
+    st_cg(reinterpret_cast<unsigned short*>(p), v);
+  } else if constexpr (sizeof(T) == 4) {
+    unsigned v;
+    std::memcpy(&v, &value, 4);
+    st_cg(reinterpret_cast<unsigned*>(p), v);
+  } else if constexpr (sizeof(T) == 8) {
+    unsigned long long v;
+    std::memcpy(&v, &value, 8);
+    st_cg(reinterpret_cast<unsigned long long*>(p), v);
+  } else {
+    uint4 v[sizeof(T) / 16];
+    std::memcpy(v, &value, sizeof(T));
+    auto* d = reinterpret_cast<uint4*>(p);
+#pragma unroll
+    for (std::size_t k = 0; k < sizeof(T) / 16; ++k) st_cg(d + k, v[k]);
+  }
+}
+
+//! The lanes of `mask` whose value equals this lane's: without
+//! `__match_any_sync` when the whole mask agrees (the common case).
+BAM_DEVICE inline unsigned same_value_lanes(unsigned mask, std::uint64_t v) {
+  const std::uint64_t first = __shfl_sync(mask, static_cast<unsigned long long>(v), __ffs(mask) - 1);
+  if (__all_sync(mask, v == first)) return mask;
+  return __match_any_sync(mask, static_cast<unsigned long long>(v));
+}
+
+} // namespace detail
+
+template <class T>
+class array_reader;
+
+//! Trivially copyable handle to a `bam::array<T>`; pass it to kernels by value.
+template <class T>
+class array_ref {
+public:
+  static_assert(std::is_trivially_copyable_v<T>, "array elements must be trivially copyable");
+  static_assert((sizeof(T) & (sizeof(T) - 1)) == 0, "array element sizes must be powers of two");
+
+  BAM_HD std::uint64_t size() const { return n; }
+
+  //! Element `i` (a value: the array is written with `write`).
+  BAM_DEVICE const T operator[](std::uint64_t i) const { return access(i, nullptr); }
+  BAM_DEVICE T read(std::uint64_t i) const { return access(i, nullptr); }
+  BAM_DEVICE void write(std::uint64_t i, const T& v) const { access(i, &v); }
+
+  //! Copy elements [begin, begin + count) into `out[0..count)`. Every lane of
+  //! the warp calls it with the same arguments (the full warp, converged).
+  //! Returns false (and records the failure) if a page could not be read;
+  //! the elements of such a page are set to T{}.
+  BAM_DEVICE bool copy_to(std::uint64_t begin, std::uint64_t count, T* out) const;
+
+  //! A reader that keeps the warp's current pages referenced between accesses.
+  BAM_DEVICE array_reader<T> reader() const { return array_reader<T>(*this); }
+
+  // The handle's fields are set by `bam::array` only.
+  page_cache_ref cache{};
+  std::uint64_t n = 0;
+  std::uint64_t first_page = 0; //!< the array's page 0 within its key space
+  std::uint32_t space = 0;
+  std::uint32_t elem_shift = 0; //!< log2(elements per page)
+  device_error_record* err = nullptr;
+
+  BAM_DEVICE std::uint64_t key_of(std::uint64_t i) const {
+    return page_cache_ref::make_key(space, first_page + (i >> elem_shift));
+  }
+  BAM_DEVICE T* element(std::uint32_t slot, std::uint64_t i) const {
+    return reinterpret_cast<T*>(cache.page_data(slot)) + (i & ((1ull << elem_shift) - 1));
+  }
+  //! Record a failure of element `i` (with its page's controller and LBA).
+  BAM_DEVICE void fail(nvme::status st, std::uint64_t i) const {
+    if (err == nullptr) return;
+    if (i < n) {
+      const space_ref& sp = cache.spaces[space];
+      const std::uint64_t p = first_page + (i >> elem_shift);
+      err->record(st, true, i, true, sp.lba_of(p), sp.controller_of(p));
+    } else {
+      err->record(st, true, i, false, 0, 0);
+    }
+  }
+
+private:
+  BAM_DEVICE T access(std::uint64_t i, const T* value) const;
+};
+
+template <class T>
+BAM_DEVICE T array_ref<T>::access(std::uint64_t i, const T* value) const {
+  using namespace detail;
+  const unsigned mask = __activemask();
+  const unsigned lane = lane_id();
+  const bool in_range = i < n;
+  const std::uint64_t key = in_range ? key_of(i) : ~0ull; // one group for bad indices
+  const unsigned peers = same_value_lanes(mask, key);
+  const unsigned leader = __ffs(peers) - 1;
+  page_request r;
+  if (lane == leader && in_range) {
+    r.key = key;
+    r.for_write = value != nullptr;
+    r.phase = page_phase::lookup;
+    cache.try_pin(r);
+  }
+  T result{};
+  unsigned todo = mask;
+  for (;;) {
+    if (__any_sync(mask, !r.settled())) cache.resolve(r, mask, true);
+    const unsigned ph = __shfl_sync(mask, static_cast<unsigned>(r.phase), leader);
+    const std::uint32_t slot = __shfl_sync(mask, r.slot, leader);
+    const std::uint16_t st = static_cast<std::uint16_t>(__shfl_sync(mask, static_cast<unsigned>(r.status), leader));
+    const bool hit = ph == static_cast<unsigned>(page_phase::hit);
+    const bool now = ((todo >> lane) & 1u) && (!in_range || hit || ph == static_cast<unsigned>(page_phase::failed));
+    if (now) {
+      if (!in_range) fail(nvme::status_out_of_range, i);
+      else if (!hit) {
+        if (lane == leader) fail(nvme::status(st), i);
+      } else if (value != nullptr) store_uncached(element(slot, i), *value);
+      else result = load_uncached(element(slot, i));
+    }
+    todo &= ~__ballot_sync(mask, now);
+    __syncwarp(mask); // every peer is done with the page before the leader lets it go
+    if (now && lane == leader && in_range) {
+      if (hit) {
+        if (value != nullptr) __threadfence(); // the data before the pin drop
+        cache.release(r.slot);
+      }
+      r.phase = page_phase::idle;
+    }
+    if (todo == 0) return result;
+  }
+}
+
+namespace detail {
+
+//! The warp copies `len` bytes from cache memory `src` to `dst`.
+BAM_DEVICE inline void warp_copy_out(unsigned char* dst, const unsigned char* src, std::uint64_t len, unsigned lane) {
+  if (((reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src) | len) & 15u) == 0) {
+    auto* d = reinterpret_cast<uint4*>(dst);
+    const auto* s = reinterpret_cast<const uint4*>(src);
+    const std::uint64_t n = len / 16;
+    constexpr unsigned in_flight = 8;
+    std::uint64_t k = lane;
+    for (; k + (in_flight - 1) * 32 < n; k += in_flight * 32) {
+      uint4 v[in_flight];
+#pragma unroll
+      for (unsigned j = 0; j < in_flight; ++j) v[j] = ld_cg(s + k + j * 32);
+#pragma unroll
+      for (unsigned j = 0; j < in_flight; ++j) d[k + j * 32] = v[j];
+    }
+    for (; k < n; k += 32) d[k] = ld_cg(s + k);
+  } else if (((reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src) | len) & 3u) == 0) {
+    auto* d = reinterpret_cast<unsigned*>(dst);
+    const auto* s = reinterpret_cast<const unsigned*>(src);
+    for (std::uint64_t k = lane; k < len / 4; k += 32) d[k] = ld_cg(s + k);
+  } else {
+    for (std::uint64_t k = lane; k < len; k += 32) dst[k] = ld_cg(src + k);
+  }
+}
+
+} // namespace detail
+
+template <class T>
+BAM_DEVICE bool array_ref<T>::copy_to(std::uint64_t begin, std::uint64_t count, T* out) const {
+  using namespace detail;
+  constexpr unsigned full = 0xffffffffu;
+  const unsigned lane = lane_id();
+  if (begin > n || count > n - begin) {
+    if (lane == 0) fail(nvme::status_out_of_range, begin > n ? begin : n);
+    for (std::uint64_t k = lane; k < count; k += 32) out[k] = T{};
+    return false;
+  }
+  if (count == 0) return true;
+  const std::uint64_t per_page = 1ull << elem_shift;
+  const std::uint64_t first = begin >> elem_shift;
+  const std::uint64_t last = (begin + count - 1) >> elem_shift;
+  bool ok = true;
+  for (std::uint64_t p0 = first; p0 <= last; p0 += 32) {
+    // Each lane brings in one page: up to 32 loads in flight per warp. Pages
+    // are copied out (and let go) as they arrive.
+    page_request r;
+    const std::uint64_t my_page = p0 + lane;
+    if (my_page <= last) {
+      r.key = page_cache_ref::make_key(space, first_page + my_page);
+      r.phase = page_phase::lookup;
+      cache.try_pin(r);
+    }
+    for (;;) {
+      if (__any_sync(full, !r.settled())) cache.resolve(r, full, true);
+      unsigned ready = __ballot_sync(full, r.phase == page_phase::hit || r.phase == page_phase::failed);
+      if (ready == 0) break; // every page done
+      while (ready != 0) {
+        const unsigned k = __ffs(ready) - 1;
+        ready &= ready - 1;
+        const std::uint32_t slot = __shfl_sync(full, r.slot, k);
+        const bool good = __shfl_sync(full, r.phase == page_phase::hit, k);
+        const std::uint16_t st = static_cast<std::uint16_t>(__shfl_sync(full, static_cast<unsigned>(r.status), k));
+        const std::uint64_t page = p0 + k;
+        const std::uint64_t lo = page == first ? begin : page * per_page;
+        const std::uint64_t hi = page == last ? begin + count : (page + 1) * per_page;
+        if (good) {
+          const auto* src = reinterpret_cast<const unsigned char*>(element(slot, lo));
+          warp_copy_out(reinterpret_cast<unsigned char*>(out + (lo - begin)), src, (hi - lo) * sizeof(T), lane);
+        } else {
+          ok = false;
+          if (lane == k) fail(nvme::status(st), lo);
+          for (std::uint64_t e = lo + lane; e < hi; e += 32) out[e - begin] = T{};
+        }
+        __syncwarp(full);
+        if (lane == k) {
+          if (good) cache.release(r.slot);
+          r.phase = page_phase::idle;
+        }
+      }
+    }
+  }
+  return ok;
+}
+
+//! Keeps the warp's current pages referenced between accesses: while every
+//! lane of a warp stays on the pages it used last, an access is one vote and
+//! one load. Warp-collective like `array_ref::operator[]`; create, use and
+//! destroy it in converged code. It holds cache slots: keep it no longer than
+//! a loop over nearby elements.
+template <class T>
+class array_reader {
+public:
+  BAM_DEVICE explicit array_reader(const array_ref<T>& a) : a_(a) {}
+  BAM_DEVICE ~array_reader() { release(); }
+  array_reader(const array_reader&) = delete;
+  array_reader& operator=(const array_reader&) = delete;
+
+  BAM_DEVICE const T operator[](std::uint64_t i);
+  //! Let the held pages go now.
+  BAM_DEVICE void release() {
+    if (owner_) a_.cache.release(slot_);
+    owner_ = false;
+    key_ = ~0ull;
+  }
+
+private:
+  array_ref<T> a_;
+  std::uint64_t key_ = ~0ull; //!< the page this lane uses, if held by its group
+  std::uint32_t slot_ = 0;
+  bool owner_ = false; //!< this lane holds the group's pin
+};
+
+template <class T>
+BAM_DEVICE const T array_reader<T>::operator[](std::uint64_t i) {
+  using namespace detail;
+  const unsigned mask = __activemask();
+  const bool in_range = i < a_.n;
+  const std::uint64_t key = in_range ? a_.key_of(i) : ~0ull;
+  if (__all_sync(mask, in_range && key == key_)) return load_uncached(a_.element(slot_, i));
+  // Some lane moved to another page: let every held page go first (no
+  // waiting while holding), then take the new ones.
+  const unsigned lane = lane_id();
+  release();
+  const unsigned peers = same_value_lanes(mask, key);
+  const unsigned leader = __ffs(peers) - 1;
+  page_request r;
+  if (lane == leader && in_range) {
+    r.key = key;
+    r.phase = page_phase::lookup;
+    a_.cache.try_pin(r);
+  }
+  T result{};
+  unsigned todo = mask;
+  for (;;) {
+    if (__any_sync(mask, !r.settled())) a_.cache.resolve(r, mask, true);
+    const unsigned ph = __shfl_sync(mask, static_cast<unsigned>(r.phase), leader);
+    const std::uint32_t slot = __shfl_sync(mask, r.slot, leader);
+    const std::uint16_t st = static_cast<std::uint16_t>(__shfl_sync(mask, static_cast<unsigned>(r.status), leader));
+    const bool hit = ph == static_cast<unsigned>(page_phase::hit);
+    const bool now = ((todo >> lane) & 1u) && (!in_range || hit || ph == static_cast<unsigned>(page_phase::failed));
+    if (now) {
+      if (!in_range) a_.fail(nvme::status_out_of_range, i);
+      else if (!hit) {
+        if (lane == leader) a_.fail(nvme::status(st), i);
+      } else result = load_uncached(a_.element(slot, i));
+    }
+    todo &= ~__ballot_sync(mask, now);
+    // Keep the pages only when nothing is left to wait for.
+    const bool keep = todo == 0;
+    __syncwarp(mask);
+    if (now && in_range && hit) {
+      if (keep) {
+        key_ = key;
+        slot_ = slot;
+        owner_ = lane == leader;
+      } else if (lane == leader) {
+        a_.cache.release(r.slot);
+      }
+    }
+    if (now && lane == leader) r.phase = page_phase::idle;
+    if (todo == 0) return result;
+  }
+}
+
+} // namespace bam

@@ -1,0 +1,89 @@
+// SPDX-License-Identifier: MIT
+//! Kernels of `bam::page_cache`'s host operations: writing dirty pages back
+//! (on flush, on detach), forgetting a key space's pages, and NVMe Flush of
+//! every controller involved.
+#pragma once
+
+#include <bam/runtime/detail/page_cache_ref.cuh>
+#include <bam/runtime/detail/warp_io.cuh>
+
+#include <cstdint>
+
+namespace bam::detail {
+
+//! Write back every dirty, unpinned page (of space `only`, or of all if
+//! `only` is ~0u), also those whose write-back failed before; with
+//! `invalidate`, then forget the clean pages of that space. One lane per
+//! slot, whole warps (the warp drives its lanes' writes together).
+template <int = 0>
+__global__ void cache_writeback_kernel(page_cache_ref c, std::uint32_t only, bool invalidate) {
+  constexpr unsigned full = 0xffffffffu;
+  const std::uint64_t warp = (blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x) / 32;
+  const std::uint64_t warps = static_cast<std::uint64_t>(gridDim.x) * blockDim.x / 32;
+  const unsigned lane = lane_id();
+  for (std::uint64_t first = warp * 32; first < c.nslots; first += warps * 32) {
+    const std::uint64_t s = first + lane;
+    io_slot io;
+    bool mine = false;
+    std::uint64_t key = 0;
+    if (s < c.nslots) {
+      dev_atomic<std::uint64_t> st(c.slots[s]);
+      std::uint64_t word = st.load(cuda::memory_order_acquire);
+      const std::uint64_t tag = word >> slot_tag_shift;
+      key = tag - 1;
+      const bool in_scope = tag != 0 && (only == ~0u || (key >> key_page_bits) == only);
+      if (in_scope && (word & slot_valid) && (word & slot_dirty) && (word & (slot_busy | slot_pin_mask)) == 0 &&
+          st.compare_exchange_strong(word, (word & ~(slot_dirty | slot_wb_failed)) | slot_busy,
+                                     cuda::memory_order_acq_rel)) {
+        const space_ref& sp = c.spaces[key >> key_page_bits];
+        const std::uint64_t p = key & key_page_mask;
+        const std::uint32_t ctrl = sp.controller_of(p);
+        io.start_rw(sp.ctrls[ctrl], nvme::nvm_opcode::write, sp.lba_of(p), sp.blocks_per_page, sp.data_bus[ctrl],
+                    s << c.page_shift);
+        mine = true;
+      }
+    }
+    warp_io_run(io, full, c.timeout_ns);
+    if (mine) {
+      dev_atomic<std::uint64_t> st(c.slots[s]);
+      const nvme::status result(io.status);
+      if (result.ok()) {
+        c.count(1);
+        st.fetch_and(~slot_busy, cuda::memory_order_release);
+      } else {
+        const space_ref& sp = c.spaces[key >> key_page_bits];
+        const std::uint64_t p = key & key_page_mask;
+        if (sp.err != nullptr) sp.err->record(result, false, 0, true, sp.lba_of(p), sp.controller_of(p));
+        st.fetch_or(slot_dirty | slot_wb_failed, cuda::memory_order_relaxed);
+        // A write that timed out may still read the slot: it stays busy.
+        if (result != nvme::status_timeout) st.fetch_and(~slot_busy, cuda::memory_order_release);
+      }
+    }
+    if (invalidate && s < c.nslots) {
+      dev_atomic<std::uint64_t> st(c.slots[s]);
+      std::uint64_t word = st.load(cuda::memory_order_acquire);
+      const std::uint64_t tag = word >> slot_tag_shift;
+      if (tag != 0 && ((tag - 1) >> key_page_bits) == only &&
+          (word & (slot_pin_mask | slot_busy | slot_dirty)) == 0)
+        st.compare_exchange_strong(word, 0, cuda::memory_order_acq_rel);
+    }
+  }
+}
+
+//! NVMe Flush of each of a storage's `n` controllers (device array), one lane each.
+template <int = 0>
+__global__ void flush_controllers_kernel(const queue_set_ref* ctrls, std::uint32_t n, device_error_record* err) {
+  const std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned mask = __ballot_sync(0xffffffffu, i < n);
+  if (i >= n) return;
+  io_slot io;
+  io.start_flush(ctrls[i]);
+  warp_io_run(io, mask, ctrls[i].queues[0].timeout_ns);
+  const nvme::status st(io.status);
+  if (!st.ok()) err->record(st, false, 0, true, 0, i);
+}
+
+//! Threads per block of the flush kernel: enough blocks for any number of controllers.
+inline constexpr unsigned flush_threads_per_block = 32;
+
+} // namespace bam::detail

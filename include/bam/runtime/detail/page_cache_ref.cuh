@@ -1,0 +1,450 @@
+// SPDX-License-Identifier: MIT
+//! Device side of `bam::page_cache`: slot states, the hit path, and the miss
+//! path as a per-lane state machine that a warp drives together.
+//!
+//! A slot's state word (64 bits): pin count (16), valid, busy (loading or
+//! being written back), dirty, error (the load failed), referenced (clock
+//! bit), write-back failed, and the tag (page key + 1; 0: empty).
+//!
+//! Forward progress, by construction:
+//!  - A pin is held only while its warp uses the page's data, or while it
+//!    waits for that page's load; a warp never waits for a cache slot while
+//!    it holds a pin (accesses release their pins before they wait again).
+//!    Loads complete as the controller makes progress, so every pin ends.
+//!  - Misses on a set take a ticket and claim victims in ticket order (one
+//!    holder of the set's turn at a time; it keeps the turn until a slot is
+//!    free). So a warp that needs a slot gets one: after the misses ahead of
+//!    it, as soon as a slot of its set is unpinned.
+//!  - A cache of N slots sustains N loads in flight (`ways` per set); past
+//!    that, misses queue per set: throughput drops, nothing fails.
+//!  - Deadlines measure lack of progress (a set whose slots all stay
+//!    unchanged, a queue that completes nothing, a fetched command that does
+//!    not complete), never time spent queued behind other threads.
+#pragma once
+
+#include <bam/detail/macros.hpp>
+#include <bam/detail/memory_ops.cuh>
+#include <bam/runtime/detail/warp_io.cuh>
+#include <bam/runtime/error_record.cuh>
+#include <bam/runtime/queue_set.cuh>
+
+#include <cuda/atomic>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace bam {
+
+namespace detail {
+
+inline constexpr std::uint64_t slot_pin_mask = 0xffffull;
+inline constexpr std::uint64_t slot_valid = 1ull << 16;
+inline constexpr std::uint64_t slot_busy = 1ull << 17;       //!< loading, or being written back
+inline constexpr std::uint64_t slot_dirty = 1ull << 18;
+inline constexpr std::uint64_t slot_error = 1ull << 19;      //!< load failed (with busy: quarantined for good)
+inline constexpr std::uint64_t slot_referenced = 1ull << 20; //!< clock bit
+inline constexpr std::uint64_t slot_wb_failed = 1ull << 21;  //!< write-back failed: kept until a flush succeeds
+inline constexpr unsigned slot_tag_shift = 22;
+//! Page keys: space id (7 bits) above a 34-bit page number; tag = key + 1.
+inline constexpr unsigned key_page_bits = 34;
+inline constexpr std::uint64_t key_page_mask = (1ull << key_page_bits) - 1;
+inline constexpr std::uint32_t max_spaces = 127;
+//! Counter stripes (by SM) for misses and write-backs.
+inline constexpr std::uint32_t counter_stripes = 32;
+
+BAM_HD inline std::uint64_t mix64(std::uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  return x;
+}
+
+template <class T>
+using dev_atomic = cuda::atomic_ref<T, cuda::thread_scope_device>;
+
+//! Per set: the ticket lock that orders misses, and the clock hand.
+struct cache_set {
+  std::uint32_t next;    //!< next ticket
+  std::uint32_t serving; //!< ticket allowed to claim a victim
+  std::uint32_t hand;    //!< clock hand (touched by the turn holder only)
+  std::uint32_t reserved;
+};
+
+enum class page_phase : std::uint8_t {
+  idle,         //!< nothing to do (or done and consumed)
+  lookup,       //!< look the page up; pin it if present
+  wait_turn,    //!< a miss waiting for its set's turn
+  have_turn,    //!< holds the turn, looks for a victim
+  pinned_wait,  //!< pinned a page another lane is loading
+  loading,      //!< loads the page into the slot it claimed
+  writing_back, //!< writes a dirty victim back before claiming it
+  hit,          //!< pinned, valid: use the data, then release
+  failed,       //!< `status` says why; nothing held
+};
+
+//! One lane's page request (registers).
+struct page_request {
+  std::uint64_t key = ~0ull;
+  std::uint32_t slot = 0;
+  std::uint32_t turn = 0;
+  std::uint32_t wb_slot = 0;
+  std::uint16_t status = 0;
+  page_phase phase = page_phase::idle;
+  bool for_write = false;
+  bool doomed = false; //!< timed out while waiting for its turn: pass it, then fail
+  io_slot io;
+
+  BAM_HD bool settled() const { return phase == page_phase::idle || phase == page_phase::hit || phase == page_phase::failed; }
+};
+
+} // namespace detail
+
+//! Where the pages of one key space live: a storage's controllers and the
+//! striping of pages over them (page p on controller p % nctrl, at
+//! `base_lba + (p / nctrl) * blocks_per_page`). Device-side.
+struct space_ref {
+  const queue_set_ref* ctrls = nullptr;           //!< the storage's controllers (device array)
+  const std::uint64_t* const* data_bus = nullptr; //!< per controller: bus address of each 4 KiB of the cache's pages
+  device_error_record* err = nullptr;             //!< write-back failures of this space's pages
+  std::uint64_t base_lba = 0;
+  std::uint64_t npages = 0;
+  std::uint32_t nctrl = 0;
+  std::uint32_t blocks_per_page = 0;
+
+  BAM_HD std::uint32_t controller_of(std::uint64_t p) const { return static_cast<std::uint32_t>(p % nctrl); }
+  BAM_HD std::uint64_t lba_of(std::uint64_t p) const { return base_lba + (p / nctrl) * blocks_per_page; }
+};
+
+//! Trivially copyable device handle to a page cache.
+struct page_cache_ref {
+  std::uint8_t* data = nullptr;
+  std::uint64_t* slots = nullptr;          //!< state word per slot
+  std::uint16_t* slot_status = nullptr;    //!< status of a failed load, per slot
+  detail::cache_set* sets = nullptr;
+  const space_ref* spaces = nullptr;       //!< by space id
+  unsigned long long* counters = nullptr;  //!< per stripe: misses, write-backs
+  std::uint64_t nslots = 0;
+  std::uint64_t nsets = 0;
+  std::uint32_t ways = 0;
+  std::uint32_t page_shift = 0;
+  std::uint64_t timeout_ns = nvme::default_queue_timeout_ns;
+
+  BAM_HD static std::uint64_t make_key(std::uint32_t space, std::uint64_t page) {
+    return (static_cast<std::uint64_t>(space) << detail::key_page_bits) | page;
+  }
+  BAM_DEVICE std::uint8_t* page_data(std::uint32_t slot) const {
+    return data + (static_cast<std::uint64_t>(slot) << page_shift);
+  }
+  BAM_DEVICE std::uint64_t set_of(std::uint64_t key) const { return detail::mix64(key) % nsets; }
+
+  //! Drop a pin (after the data use; release order).
+  BAM_DEVICE void release(std::uint32_t slot) const {
+    detail::dev_atomic<std::uint64_t>(slots[slot]).fetch_sub(1, cuda::memory_order_release);
+  }
+
+  //! The hit path: pin the page of `r.key` if it is in the cache. Sets
+  //! `r.phase` to hit, pinned_wait (another lane loads it) or lookup (retry,
+  //! or a miss: `try_pin` returns false).
+  BAM_DEVICE bool try_pin(detail::page_request& r) const;
+
+  //! Drive the requests of the lanes of `mask` (converged) until every one
+  //! is settled, or — with `until_any` — until at least one lane is settled.
+  BAM_DEVICE void resolve(detail::page_request& r, unsigned mask, bool until_any) const;
+
+  //! Count a miss (0) or a write-back (1).
+  BAM_DEVICE void count(unsigned which) const;
+
+private:
+  BAM_DEVICE bool step(detail::page_request& r) const;
+  BAM_DEVICE void finish_io(detail::page_request& r) const;
+  BAM_DEVICE void start_load(detail::page_request& r, std::uint32_t slot) const;
+  BAM_DEVICE bool claim_victim(detail::page_request& r) const;
+  BAM_DEVICE void pass_turn(const detail::page_request& r) const;
+  BAM_DEVICE std::uint32_t marker(const detail::page_request& r) const;
+  BAM_DEVICE void abandon(detail::page_request& r) const;
+};
+static_assert(std::is_trivially_copyable_v<page_cache_ref>);
+
+// ---------------------------------------------------------------------------
+
+BAM_DEVICE inline void page_cache_ref::count(unsigned which) const {
+  unsigned smid;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  detail::dev_atomic<unsigned long long>(counters[(smid % detail::counter_stripes) * 2 + which])
+      .fetch_add(1, cuda::memory_order_relaxed);
+}
+
+BAM_DEVICE inline bool page_cache_ref::try_pin(detail::page_request& r) const {
+  using namespace detail;
+  const std::uint64_t tag = r.key + 1;
+  const std::uint64_t base = set_of(r.key) * ways;
+  for (std::uint32_t w = 0; w < ways; ++w) {
+    dev_atomic<std::uint64_t> st(slots[base + w]);
+    std::uint64_t word = st.load(cuda::memory_order_relaxed);
+    while ((word >> slot_tag_shift) == tag && (word & slot_error) == 0) {
+      if ((word & slot_pin_mask) == slot_pin_mask) { // saturated: look again later
+        r.phase = page_phase::lookup;
+        return true;
+      }
+      if (st.compare_exchange_weak(word, (word + 1) | slot_referenced, cuda::memory_order_acquire)) {
+        r.slot = static_cast<std::uint32_t>(base + w);
+        if (word & slot_valid) {
+          if (r.for_write && (word & slot_dirty) == 0) st.fetch_or(slot_dirty, cuda::memory_order_relaxed);
+          r.phase = page_phase::hit;
+        } else {
+          r.phase = page_phase::pinned_wait;
+        }
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+BAM_DEVICE inline void page_cache_ref::pass_turn(const detail::page_request& r) const {
+  detail::dev_atomic<std::uint32_t>(sets[set_of(r.key)].serving).store(r.turn + 1, cuda::memory_order_release);
+}
+
+BAM_DEVICE inline void page_cache_ref::start_load(detail::page_request& r, std::uint32_t slot) const {
+  const space_ref& sp = spaces[r.key >> detail::key_page_bits];
+  const std::uint64_t p = r.key & detail::key_page_mask;
+  const std::uint32_t c = sp.controller_of(p);
+  r.slot = slot;
+  r.phase = detail::page_phase::loading;
+  r.io.start_rw(sp.ctrls[c], nvme::nvm_opcode::read, sp.lba_of(p), sp.blocks_per_page, sp.data_bus[c],
+                static_cast<std::uint64_t>(slot) << page_shift);
+  count(0);
+}
+
+//! Under the set's turn: find a victim by the clock. A clean one is claimed
+//! for `r.key` (pinned, busy); a dirty one is claimed for write-back.
+//! Returns true if the request moved on.
+BAM_DEVICE inline bool page_cache_ref::claim_victim(detail::page_request& r) const {
+  using namespace detail;
+  const std::uint64_t tag = r.key + 1;
+  const std::uint64_t set = set_of(r.key);
+  const std::uint64_t base = set * ways;
+  // Another lane may have loaded the page while this one waited for the turn.
+  for (std::uint32_t w = 0; w < ways; ++w) {
+    const std::uint64_t word = dev_atomic<std::uint64_t>(slots[base + w]).load(cuda::memory_order_relaxed);
+    if ((word >> slot_tag_shift) == tag && (word & slot_error) == 0) {
+      pass_turn(r);
+      r.phase = page_phase::lookup;
+      return true;
+    }
+  }
+  dev_atomic<std::uint32_t> hand(sets[set].hand);
+  std::int64_t dirty = -1;
+  bool waitable = false; // something will free up: pinned or busy slots
+  for (std::uint32_t i = 0; i < 2 * ways; ++i) {
+    const std::uint64_t s = base + hand.fetch_add(1, cuda::memory_order_relaxed) % ways;
+    dev_atomic<std::uint64_t> st(slots[s]);
+    std::uint64_t word = st.load(cuda::memory_order_relaxed);
+    if ((word & slot_pin_mask) != 0 || (word & slot_busy) != 0) {
+      waitable = true;
+      continue;
+    }
+    if (word & slot_wb_failed) continue;
+    if (word & slot_referenced) {
+      st.compare_exchange_strong(word, word & ~slot_referenced, cuda::memory_order_relaxed);
+      waitable = true;
+      continue;
+    }
+    if ((word & slot_valid) && (word & slot_dirty)) {
+      if (dirty < 0) dirty = static_cast<std::int64_t>(s);
+      continue;
+    }
+    if (st.compare_exchange_strong(word, (tag << slot_tag_shift) | slot_busy | 1ull, cuda::memory_order_acq_rel)) {
+      pass_turn(r);
+      start_load(r, static_cast<std::uint32_t>(s));
+      return true;
+    }
+    waitable = true;
+  }
+  if (dirty >= 0) {
+    // Write the dirty page back before its slot is reused; readers may still
+    // hit it meanwhile (it stays valid), writers re-dirty it.
+    dev_atomic<std::uint64_t> st(slots[dirty]);
+    std::uint64_t word = st.load(cuda::memory_order_relaxed);
+    if ((word & (slot_pin_mask | slot_busy)) == 0 && (word & slot_dirty) &&
+        st.compare_exchange_strong(word, (word & ~slot_dirty) | slot_busy, cuda::memory_order_acq_rel)) {
+      pass_turn(r);
+      const std::uint64_t old_key = (word >> slot_tag_shift) - 1;
+      const space_ref& sp = spaces[old_key >> key_page_bits];
+      const std::uint64_t p = old_key & key_page_mask;
+      const std::uint32_t c = sp.controller_of(p);
+      r.wb_slot = static_cast<std::uint32_t>(dirty);
+      r.phase = page_phase::writing_back;
+      r.io.start_rw(sp.ctrls[c], nvme::nvm_opcode::write, sp.lba_of(p), sp.blocks_per_page, sp.data_bus[c],
+                    static_cast<std::uint64_t>(dirty) << page_shift);
+      return true;
+    }
+    return false;
+  }
+  if (!waitable) {
+    // Every way holds a page whose write-back failed: nothing will free up
+    // until a flush succeeds. Say so instead of waiting.
+    pass_turn(r);
+    r.status = nvme::status(nvme::status_type::media_error, nvme::media_status::write_fault).raw;
+    r.phase = page_phase::failed;
+    return true;
+  }
+  return false;
+}
+
+//! After a load or write-back completed (or was refused).
+BAM_DEVICE inline void page_cache_ref::finish_io(detail::page_request& r) const {
+  using namespace detail;
+  const nvme::status st(r.io.status);
+  r.io.state = io_state::none;
+  if (r.phase == page_phase::loading) {
+    dev_atomic<std::uint64_t> word(slots[r.slot]);
+    if (st.ok()) {
+      word.fetch_add(slot_valid - slot_busy + (r.for_write ? slot_dirty : 0), cuda::memory_order_release);
+      r.phase = page_phase::hit;
+      return;
+    }
+    slot_status[r.slot] = st.raw;
+    // A command that timed out after it was submitted may still land in the
+    // slot: the slot stays busy (never reused) with the error set.
+    const bool may_land = st == nvme::status_timeout;
+    word.fetch_add(may_land ? slot_error : slot_error - slot_busy, cuda::memory_order_release);
+    release(r.slot);
+    r.status = st.raw;
+    r.phase = page_phase::failed;
+    return;
+  }
+  // writing_back
+  dev_atomic<std::uint64_t> word(slots[r.wb_slot]);
+  if (st.ok()) {
+    count(1);
+    word.fetch_and(~slot_busy, cuda::memory_order_release);
+  } else {
+    const std::uint64_t w = word.load(cuda::memory_order_relaxed);
+    const std::uint64_t old_key = (w >> slot_tag_shift) - 1;
+    const space_ref& sp = spaces[old_key >> key_page_bits];
+    const std::uint64_t p = old_key & key_page_mask;
+    if (sp.err != nullptr) sp.err->record(st, false, 0, true, sp.lba_of(p), sp.controller_of(p));
+    // The data is still only here: dirty again, and not a victim until a flush succeeds.
+    word.fetch_or(slot_dirty | slot_wb_failed, cuda::memory_order_relaxed);
+    word.fetch_and(~slot_busy, cuda::memory_order_release);
+  }
+  // A neighbour's failed write-back does not fail this request: look again.
+  r.phase = page_phase::lookup;
+}
+
+//! One non-blocking step of a lane's request. True if it moved.
+BAM_DEVICE inline bool page_cache_ref::step(detail::page_request& r) const {
+  using namespace detail;
+  switch (r.phase) {
+  case page_phase::lookup:
+    if (try_pin(r)) return r.phase != page_phase::lookup;
+    r.turn = dev_atomic<std::uint32_t>(sets[set_of(r.key)].next).fetch_add(1, cuda::memory_order_relaxed);
+    r.phase = page_phase::wait_turn;
+    [[fallthrough]];
+  case page_phase::wait_turn:
+    if (dev_atomic<std::uint32_t>(sets[set_of(r.key)].serving).load(cuda::memory_order_acquire) != r.turn)
+      return false;
+    r.phase = page_phase::have_turn;
+    if (r.doomed) {
+      pass_turn(r);
+      r.status = nvme::status_timeout.raw;
+      r.phase = page_phase::failed;
+      return true;
+    }
+    [[fallthrough]];
+  case page_phase::have_turn: return claim_victim(r);
+  case page_phase::pinned_wait: {
+    const std::uint64_t word = dev_atomic<std::uint64_t>(slots[r.slot]).load(cuda::memory_order_acquire);
+    if (word & slot_valid) {
+      if (r.for_write && (word & slot_dirty) == 0)
+        dev_atomic<std::uint64_t>(slots[r.slot]).fetch_or(slot_dirty, cuda::memory_order_relaxed);
+      r.phase = page_phase::hit;
+      return true;
+    }
+    if (word & slot_error) {
+      r.status = slot_status[r.slot];
+      release(r.slot);
+      r.phase = page_phase::failed;
+      return true;
+    }
+    return false;
+  }
+  default: return false;
+  }
+}
+
+BAM_DEVICE inline std::uint32_t page_cache_ref::marker(const detail::page_request& r) const {
+  using namespace detail;
+  switch (r.phase) {
+  case page_phase::wait_turn:
+  case page_phase::have_turn: {
+    const std::uint64_t set = set_of(r.key);
+    std::uint64_t h = dev_atomic<std::uint32_t>(sets[set].serving).load(cuda::memory_order_relaxed);
+    for (std::uint32_t w = 0; w < ways; ++w)
+      h = h * 31 + dev_atomic<std::uint64_t>(slots[set * ways + w]).load(cuda::memory_order_relaxed);
+    return static_cast<std::uint32_t>(h ^ (h >> 32));
+  }
+  case page_phase::pinned_wait:
+    return static_cast<std::uint32_t>(dev_atomic<std::uint64_t>(slots[r.slot]).load(cuda::memory_order_relaxed));
+  case page_phase::loading:
+  case page_phase::writing_back: return io_progress_marker(r.io) + 1;
+  default: return 0;
+  }
+}
+
+//! The lane's wait ran out: give up what can be given up now.
+BAM_DEVICE inline void page_cache_ref::abandon(detail::page_request& r) const {
+  using namespace detail;
+  switch (r.phase) {
+  case page_phase::wait_turn: r.doomed = true; break; // passes its turn when it comes
+  case page_phase::have_turn:
+    pass_turn(r);
+    r.status = nvme::status_timeout.raw;
+    r.phase = page_phase::failed;
+    break;
+  case page_phase::pinned_wait:
+    release(r.slot);
+    r.status = nvme::status_timeout.raw;
+    r.phase = page_phase::failed;
+    break;
+  case page_phase::loading:
+  case page_phase::writing_back:
+    io_abandon(r.io);
+    finish_io(r);
+    if (r.phase == page_phase::lookup) { // a write-back gave up: so does the request
+      r.status = nvme::status_timeout.raw;
+      r.phase = page_phase::failed;
+    }
+    break;
+  case page_phase::lookup:
+    r.status = nvme::status_timeout.raw;
+    r.phase = page_phase::failed;
+    break;
+  default: break;
+  }
+}
+
+BAM_DEVICE BAM_NOINLINE inline void page_cache_ref::resolve(detail::page_request& r, unsigned mask, bool until_any) const {
+  using namespace detail;
+  warp_deadline dl;
+  for (;;) {
+    const unsigned unsettled = __ballot_sync(mask, !r.settled());
+    if (unsettled == 0) return;
+    if (until_any && unsettled != (mask & __ballot_sync(mask, r.phase != page_phase::idle))) return;
+    bool moved = step(r);
+    // Loads and write-backs: the warp drives every lane's command together.
+    const bool io_moved = warp_io_step(r.io, mask);
+    if (r.io.state == io_state::done) {
+      finish_io(r);
+      moved = true;
+    }
+    moved = __any_sync(mask, moved) || io_moved;
+    if (moved) dl.restart();
+    else if (dl.expired_idle(marker(r), timeout_ns, mask) && !r.settled()) abandon(r);
+  }
+}
+
+} // namespace bam

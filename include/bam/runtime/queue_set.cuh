@@ -1,0 +1,99 @@
+// SPDX-License-Identifier: MIT
+//! `bam::queue_set_ref`: one controller (one namespace on it) as GPU threads
+//! see it — its I/O queue pairs in GPU memory, a PRP list area per command
+//! id, and the transport's progress hook. Trivially copyable; a
+//! `bam::storage` holds one per controller.
+//!
+//! Direct block I/O from a kernel (no cache): every thread of the warp may
+//! read or write its own blocks; the call returns when all of the warp's
+//! commands completed.
+//!
+//! @code
+//!   __global__ void k(bam::queue_set_ref q, const std::uint64_t* bus, std::uint64_t* lbas) {
+//!     const unsigned t = threadIdx.x;
+//!     bam::nvme::status st = q.read(lbas[t], 8, bus, t * 4096);   // 8 blocks into a mapped buffer
+//!   }
+//! @endcode
+#pragma once
+
+#include <bam/detail/macros.hpp>
+#include <bam/nvme/prp.hpp>
+#include <bam/nvme/queue.hpp>
+#include <bam/nvme/spec.hpp>
+#include <bam/transport/device_progress.hpp>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace bam {
+
+struct queue_set_ref {
+  nvme::queue_pair_ref* queues = nullptr; //!< `nqueues` entries (GPU memory)
+  std::uint32_t nqueues = 0;
+  std::uint32_t nsid = 1;
+  std::uint32_t lba_size = 512;
+  std::uint32_t lba_shift = 9;
+  std::uint64_t nblocks = 0;
+  std::uint64_t* prp_lists = nullptr;          //!< per queue, per command id: `list_entries` entries
+  const std::uint64_t* prp_list_bus = nullptr; //!< bus address of every 4 KiB page of the list area
+  std::uint32_t list_entries = 0;              //!< entries per command id (a power of two)
+  std::uint32_t cids_per_queue = 0;
+  std::uint32_t max_transfer_bytes = 0;
+  std::uint32_t num_sms = 1;
+  std::uint32_t index = 0; //!< this controller's index within its storage
+  std::uint32_t reserved = 0;
+  device_progress progress; //!< what waiting GPU threads do for the transport
+
+  //! The queue pair for the calling warp: spread over SMs and warps.
+  BAM_DEVICE std::uint32_t pick_queue() const;
+
+  //! Can a read/write of `nblocks` at `lba` to/from byte `offset` of a
+  //! mapped region be described? Checked before any ticket is taken, so a
+  //! bad request never becomes a command (never a DMA to bus address 0).
+  BAM_HD nvme::status check_rw(std::uint64_t lba, std::uint32_t nblocks, std::uint64_t offset) const {
+    const std::uint64_t bytes = static_cast<std::uint64_t>(nblocks) << lba_shift;
+    if (nblocks == 0 || lba >= nblocks_total() || nblocks > nblocks_total() - lba) return nvme::status_out_of_range;
+    if (bytes > max_transfer_bytes) return nvme::status_out_of_range;
+    if (!nvme::prp_offset_valid(offset)) return nvme::status_out_of_range;
+    if (nvme::prp_pages_spanned(offset, bytes, prp_page) > list_entries + 1ull) return nvme::status_out_of_range;
+    return nvme::status_success;
+  }
+
+  //! Read/Write command for `lba`, PRPs built in the list of (`queue`, `cid`).
+  //! The request passed `check_rw`.
+  BAM_HD nvme::command build_rw(nvme::nvm_opcode op, std::uint64_t lba, std::uint32_t nblocks,
+                                const std::uint64_t* page_bus, std::uint64_t offset, std::uint32_t queue,
+                                std::uint16_t cid) const {
+    nvme::command cmd = nvme::make_rw(op, nsid, lba, nblocks, 0, 0);
+    const std::uint64_t list_index = static_cast<std::uint64_t>(queue) * cids_per_queue + cid;
+    std::uint64_t* list = prp_lists + list_index * list_entries;
+    const std::uint64_t list_off = list_index * list_entries * sizeof(std::uint64_t);
+    const std::uint64_t list_bus = prp_list_bus[list_off / prp_page] + list_off % prp_page;
+    std::uint64_t* const virt[1] = {list};
+    const std::uint64_t bus[1] = {list_bus};
+    nvme::prp_pair p;
+    nvme::build_prp(page_bus, offset, static_cast<std::uint64_t>(nblocks) << lba_shift, prp_page, virt, bus, 1, p);
+    cmd.prp1 = p.prp1;
+    cmd.prp2 = p.prp2;
+    return cmd;
+  }
+
+  BAM_HD std::uint64_t nblocks_total() const { return nblocks; }
+
+  //! Direct I/O (warp-collective: every active lane of the warp calls it,
+  //! each with its own request; returns each lane's status).
+  BAM_DEVICE nvme::status read(std::uint64_t lba, std::uint32_t nblocks, const std::uint64_t* page_bus,
+                               std::uint64_t offset) const;
+  BAM_DEVICE nvme::status write(std::uint64_t lba, std::uint32_t nblocks, const std::uint64_t* page_bus,
+                                std::uint64_t offset) const;
+  //! NVMe Flush of the namespace (warp-collective like `read`).
+  BAM_DEVICE nvme::status flush() const;
+
+  //! PRPs describe memory in pages of this size (CC.MPS = 0).
+  static constexpr std::uint64_t prp_page = 4096;
+};
+static_assert(std::is_trivially_copyable_v<queue_set_ref>);
+
+} // namespace bam
+
+#include <bam/runtime/detail/warp_io.cuh>

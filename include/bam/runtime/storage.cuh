@@ -1,0 +1,296 @@
+// SPDX-License-Identifier: MIT
+//! `bam::storage`: what a device string names, brought up for GPU threads —
+//! one namespace on each of one or more controllers, their I/O queues placed
+//! for GPU submitters, a `bam::queue_set_ref` per controller. Arrays stripe
+//! their pages over the controllers (page p on controller p % n).
+//!
+//! @code
+//!   bam::storage s("emu-gpu:hbm=4G,ssds=2");       // or "/dev/bam-nvme0+/dev/bam-nvme1", "emu:file=..."
+//!   bam::page_cache cache({.page_size = 4096, .capacity = 256 << 20});
+//!   bam::array<float> a(cache, s, n);
+//! @endcode
+//!
+//! A `storage` is a handle: copies share the same controllers, and arrays and
+//! caches that use it keep it alive (dirty pages can always be written back).
+#pragma once
+
+#include <bam/cuda.cuh>
+#include <bam/device_string.hpp>
+#include <bam/driver/controller.hpp>
+#include <bam/emu.hpp>
+#include <bam/emu/client_engine.cuh>
+#include <bam/emu/gpu_engine.cuh>
+#include <bam/runtime/detail/device_memory.cuh>
+#include <bam/runtime/queue_set.cuh>
+#include <bam/transport/open.hpp>
+#include <bam/transport/pci.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace bam {
+
+//! Largest single transfer of the GPU I/O path by default (what one command
+//! id's PRP list describes).
+inline constexpr std::uint32_t default_max_io_bytes = 64 * 1024;
+
+struct storage_options {
+  std::uint32_t nsid = 1;
+  std::uint32_t max_io_bytes = default_max_io_bytes; //!< largest single transfer (PRP list size)
+};
+
+//! GPU memory mapped for every controller of a storage: per controller, the
+//! bus address of each 4 KiB page, in GPU memory.
+class storage_mapping {
+public:
+  //! Device array of `controllers` pointers, each to that controller's page bus addresses.
+  const std::uint64_t* const* bus_tables() const { return tables_.get(); }
+  //! Controller `i`'s table (a device pointer).
+  const std::uint64_t* bus_table(std::uint32_t i) const { return bus_.at(i).get(); }
+
+private:
+  friend class storage;
+  std::vector<std::unique_ptr<dma_region>> regions_;
+  std::vector<device_buffer<std::uint64_t>> bus_;
+  device_buffer<const std::uint64_t*> tables_;
+};
+
+namespace detail {
+
+struct storage_state {
+  device_spec spec;
+  storage_options opts;
+  // Destroyed bottom-up (reverse order): refs and lists, then the drivers
+  // (which delete their queues), then the software controllers, then engines.
+  std::vector<std::shared_ptr<emu::gpu_engine>> gpu_engines;
+  std::vector<std::shared_ptr<emu::io_engine>> client_engines;
+  std::vector<std::shared_ptr<emu::media>> client_media;
+  std::vector<std::shared_ptr<emu::emulated_controller>> emu;
+  std::vector<std::shared_ptr<controller>> ctrls;
+  struct per_ctrl {
+    device_buffer<nvme::queue_pair_ref> queues;
+    std::unique_ptr<dma_region> lists;
+    device_buffer<std::uint64_t> list_bus;
+  };
+  std::vector<per_ctrl> per;
+  std::vector<queue_set_ref> host_refs;
+  device_buffer<queue_set_ref> refs;
+  std::uint32_t lba_size = 0;
+  std::uint64_t blocks = 0;
+  bool has_spec = false;
+};
+
+} // namespace detail
+
+class storage {
+public:
+  //! Open what `device_string` names (see device_string.hpp) and place its
+  //! I/O queues for GPU threads.
+  explicit storage(const std::string& device_string, storage_options opts = {})
+      : storage(parse_device(device_string), opts) {}
+  explicit storage(const device_spec& spec, storage_options opts = {}) : s_(std::make_shared<detail::storage_state>()) {
+    s_->spec = spec;
+    s_->has_spec = true;
+    s_->opts = opts;
+    controller_options copts;
+    copts.io_queues = spec.io_queues;
+    copts.queue_depth = spec.queue_depth;
+    copts.io_timeout_ns = spec.timeout_ns;
+    switch (spec.kind) {
+    case device_kind::emu_gpu: {
+      for (std::uint32_t i = 0; i < spec.ssds; ++i) {
+        emu::gpu_engine_config ec;
+        ec.media = spec.media;
+        ec.bytes = spec.bytes;
+        ec.lba_size = spec.lba_size;
+        ec.max_qid = spec.io_queues;
+        ec.iops = spec.iops;
+        ec.latency_ns = spec.latency_ns;
+        ec.timeout_ns = spec.timeout_ns;
+        constexpr std::uint8_t gpu_engine_mdts = 9; // 2 MiB: what one PRP list page describes
+        ec.max_transfer_bytes = dma_page_size << gpu_engine_mdts;
+        auto engine = std::make_shared<emu::gpu_engine>(ec);
+        emu::controller_config cc = emu_config(spec, i, engine->namespace_media(), "emu-gpu");
+        cc.mdts = gpu_engine_mdts;
+        cc.identity_dma = true;
+        cc.io_engine = engine;
+        auto ctrl = emu::make_controller(std::move(cc));
+        s_->gpu_engines.push_back(engine);
+        s_->emu.push_back(ctrl);
+        s_->ctrls.push_back(std::make_shared<controller>(ctrl, detail::gpu_queue_options(copts)));
+      }
+      break;
+    }
+    case device_kind::emu_cpu: {
+      for (std::uint32_t i = 0; i < spec.ssds; ++i) {
+        std::shared_ptr<emu::media> m = open_emu_media(spec, i);
+        auto engine = emu::make_client_engine(m, spec.io_queues, spec.threads);
+        emu::controller_config cc = emu_config(spec, i, m);
+        cc.mdts = 5; // the engine's bounce buffers: 128 KiB per command
+        cc.identity_dma = true;
+        cc.io_engine = engine;
+        auto ctrl = emu::make_controller(std::move(cc));
+        s_->client_engines.push_back(engine);
+        s_->client_media.push_back(m);
+        s_->emu.push_back(ctrl);
+        s_->ctrls.push_back(std::make_shared<controller>(ctrl, emu::client_queue_options(copts)));
+      }
+      break;
+    }
+    case device_kind::pci: {
+      for (const auto& path : spec.devices) {
+        auto t = std::make_shared<pci_transport>(path);
+        s_->ctrls.push_back(std::make_shared<controller>(t, detail::gpu_queue_options(copts)));
+      }
+      break;
+    }
+    }
+    build_queue_sets();
+  }
+  //! Controllers already brought up with their I/O queues placed for GPU
+  //! submitters (`detail::gpu_queue_options`).
+  explicit storage(std::vector<std::shared_ptr<controller>> ctrls, storage_options opts = {})
+      : s_(std::make_shared<detail::storage_state>()) {
+    s_->opts = opts;
+    s_->ctrls = std::move(ctrls);
+    build_queue_sets();
+  }
+
+  std::uint32_t controller_count() const { return static_cast<std::uint32_t>(s_->ctrls.size()); }
+  controller& controller_at(std::uint32_t i) const { return *s_->ctrls.at(i); }
+  //! Device array of `controller_count()` handles.
+  const queue_set_ref* device_refs() const { return s_->refs.get(); }
+  //! Host copy of handle i (pass by value to a kernel).
+  queue_set_ref ref(std::uint32_t i) const { return s_->host_refs.at(i); }
+  std::uint32_t lba_size() const { return s_->lba_size; }
+  //! Blocks usable on every controller (the smallest namespace).
+  std::uint64_t blocks_per_controller() const { return s_->blocks; }
+  std::uint32_t nsid() const { return s_->opts.nsid; }
+  std::string name() const {
+    std::string n;
+    for (const auto& c : s_->ctrls) n += (n.empty() ? "" : "+") + c->name();
+    return n;
+  }
+  //! Name of controller `i` for messages (the whole storage's name for an unknown index).
+  std::string controller_name(std::uint32_t i) const { return i < s_->ctrls.size() ? s_->ctrls[i]->name() : name(); }
+  //! What serves the I/O, for reports.
+  std::string transport_name() const {
+    if (!s_->has_spec) return "controllers given by the caller";
+    switch (s_->spec.kind) {
+    case device_kind::emu_gpu:
+      return std::string("emu-gpu (software controller, GPU engine, media ") + media_name(s_->spec.media) + ")";
+    case device_kind::emu_cpu:
+      return std::string("emu (software controller, CPU engine for GPU clients, media ") + media_name(s_->spec.media) + ")";
+    case device_kind::pci: return "pci (kernel module)";
+    }
+    return "?";
+  }
+  const device_spec& spec() const { return s_->spec; }
+
+  //! GPU engines (emu-gpu), one per controller.
+  const std::vector<std::shared_ptr<emu::gpu_engine>>& gpu_engines() const { return s_->gpu_engines; }
+  //! The software controllers (emu, emu-gpu), one per controller.
+  const std::vector<std::shared_ptr<emu::emulated_controller>>& emu_controllers() const { return s_->emu; }
+
+  //! Host-side write of `bytes` at byte `offset` of controller `i`'s namespace
+  //! (software controllers: straight into the media; loads a data set).
+  void write_media(std::uint32_t i, std::uint64_t offset, const void* src, std::size_t bytes) const {
+    if (int e = media_of(i).write(offset, src, bytes)) throw_errno("writing media of controller " + controller_name(i), e);
+  }
+  void read_media(std::uint32_t i, std::uint64_t offset, void* dst, std::size_t bytes) const {
+    if (int e = media_of(i).read(offset, dst, bytes)) throw_errno("reading media of controller " + controller_name(i), e);
+  }
+
+  //! Map GPU memory `[ptr, ptr + bytes)` for every controller. `ptr` and
+  //! `bytes` must be multiples of `gpu_page_size` (64 KiB) for a real controller.
+  std::unique_ptr<storage_mapping> map(void* ptr, std::size_t bytes) const {
+    auto m = std::make_unique<storage_mapping>();
+    std::vector<const std::uint64_t*> tables;
+    for (const auto& c : s_->ctrls) {
+      auto r = c->transport_ref().map(ptr, bytes, memory_kind::device);
+      device_buffer<std::uint64_t> bus(r->page_bus().size());
+      copy_to_device(bus.get(), r->page_bus().data(), r->page_bus().size());
+      tables.push_back(bus.get());
+      m->regions_.push_back(std::move(r));
+      m->bus_.push_back(std::move(bus));
+    }
+    m->tables_ = device_buffer<const std::uint64_t*>(tables.size());
+    copy_to_device(m->tables_.get(), tables.data(), tables.size());
+    return m;
+  }
+
+  //! The shared state (arrays and caches keep it alive).
+  std::shared_ptr<detail::storage_state> state() const { return s_; }
+
+private:
+  emu::media& media_of(std::uint32_t i) const {
+    if (i < s_->emu.size()) return s_->emu[i]->namespace_media(s_->opts.nsid);
+    error_context c;
+    c.controller = controller_name(i);
+    throw error("host access to the media needs a software controller", c);
+  }
+
+  void build_queue_sets() {
+    auto& s = *s_;
+    if (s.ctrls.empty()) throw error("a storage needs at least one controller");
+    const std::uint32_t max_io = s.opts.max_io_bytes;
+    if (max_io < dma_page_size || (max_io & (max_io - 1)) != 0)
+      throw error("storage: max_io_bytes must be a power of two >= 4096 (got " + std::to_string(max_io) + ")");
+    int dev = 0, sms = 1;
+    BAM_CUDA_TRY(cudaGetDevice(&dev));
+    BAM_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    std::vector<queue_set_ref> refs;
+    for (std::size_t i = 0; i < s.ctrls.size(); ++i) {
+      controller& c = *s.ctrls[i];
+      const namespace_info& ns = c.ns(s.opts.nsid);
+      if (i == 0) s.lba_size = ns.lba_size;
+      if (ns.lba_size != s.lba_size)
+        throw error("storage: controllers differ in LBA size (" + std::to_string(s.lba_size) + " vs " +
+                    std::to_string(ns.lba_size) + " on " + c.name() + ")");
+      s.blocks = i == 0 ? ns.blocks : std::min(s.blocks, ns.blocks);
+      if (c.io_queue_count() == 0) throw error("storage: controller " + c.name() + " has no I/O queues");
+      detail::storage_state::per_ctrl pc;
+      std::vector<nvme::queue_pair_ref> qs;
+      for (std::uint32_t q = 0; q < c.io_queue_count(); ++q) qs.push_back(c.io_queue(q));
+      pc.queues = device_buffer<nvme::queue_pair_ref>(qs.size());
+      copy_to_device(pc.queues.get(), qs.data(), qs.size());
+      queue_set_ref r;
+      r.queues = pc.queues.get();
+      r.nqueues = static_cast<std::uint32_t>(qs.size());
+      r.nsid = s.opts.nsid;
+      r.lba_size = ns.lba_size;
+      r.lba_shift = static_cast<std::uint32_t>(std::countr_zero(ns.lba_size));
+      r.nblocks = ns.blocks;
+      r.num_sms = static_cast<std::uint32_t>(sms);
+      r.index = static_cast<std::uint32_t>(i);
+      r.progress = c.transport_ref().device_progress_hook();
+      const std::uint32_t max_bytes =
+          static_cast<std::uint32_t>(std::min<std::size_t>(max_io, c.max_transfer_bytes()));
+      // Entries per command id: a power of two, so that no list crosses a 4 KiB page.
+      std::uint32_t entries = 1;
+      while (entries * 2 <= std::min<std::uint32_t>(max_bytes / dma_page_size, 512)) entries *= 2;
+      r.list_entries = entries;
+      r.max_transfer_bytes = std::min<std::uint32_t>(max_bytes, entries * static_cast<std::uint32_t>(dma_page_size));
+      r.cids_per_queue = c.io_queue_depth() - 1;
+      const std::size_t list_bytes =
+          static_cast<std::size_t>(r.nqueues) * r.cids_per_queue * r.list_entries * sizeof(std::uint64_t);
+      pc.lists = detail::device_region::make(c.transport_ref(), list_bytes);
+      pc.list_bus = device_buffer<std::uint64_t>(pc.lists->page_bus().size());
+      copy_to_device(pc.list_bus.get(), pc.lists->page_bus().data(), pc.lists->page_bus().size());
+      r.prp_lists = pc.lists->as<std::uint64_t>();
+      r.prp_list_bus = pc.list_bus.get();
+      refs.push_back(r);
+      s.per.push_back(std::move(pc));
+    }
+    s.host_refs = refs;
+    s.refs = device_buffer<queue_set_ref>(refs.size());
+    copy_to_device(s.refs.get(), refs.data(), refs.size());
+  }
+
+  std::shared_ptr<detail::storage_state> s_;
+};
+
+} // namespace bam

@@ -1,0 +1,181 @@
+// SPDX-License-Identifier: MIT
+// The CPU engine for GPU clients, with no GPU: its copies between the media
+// and "GPU memory" go through a host copier that can be told to fail. The
+// commands come from host threads through the same queues GPU threads use.
+#include <bam/controller.hpp>
+#include <bam/emu.hpp>
+#include <bam/emu/client_engine.hpp>
+
+#include <catch2/catch_test_macros.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <set>
+#include <thread>
+#include <vector>
+
+using namespace bam;
+
+namespace {
+
+constexpr std::uint32_t lba_size = 512;
+constexpr std::uint64_t blocks = 4096;
+constexpr std::uint32_t max_qid = 4;
+
+//! Copies with memcpy ("GPU memory" is host memory here); fails on demand.
+struct host_copier final : emu::gpu_copier {
+  std::atomic<bool>* fail;
+  bool failed = false;
+  explicit host_copier(std::atomic<bool>* f) : fail(f) {}
+  bool to_gpu(std::uint64_t gpu, const void* src, std::size_t n) override {
+    std::memcpy(reinterpret_cast<void*>(gpu), src, n);
+    return true;
+  }
+  bool from_gpu(void* dst, std::uint64_t gpu, std::size_t n) override {
+    std::memcpy(dst, reinterpret_cast<const void*>(gpu), n);
+    return true;
+  }
+  bool wait() override { return !fail->load(); }
+};
+
+std::uint8_t pattern(std::uint64_t lba, std::uint32_t k) { return static_cast<std::uint8_t>(lba * 131 + k * 7 + 1); }
+
+struct rig {
+  std::atomic<bool> fail{false};
+  std::vector<std::uint32_t> doorbells = std::vector<std::uint32_t>(2 * (max_qid + 1), 0);
+  std::shared_ptr<emu::media> media = emu::make_ram_media(blocks * lba_size);
+  std::shared_ptr<emu::client_engine> engine;
+  std::shared_ptr<emu::emulated_controller> emu_ctrl;
+  std::unique_ptr<controller> ctrl;
+
+  rig() {
+    engine = std::make_shared<emu::client_engine>(media, max_qid, 1, std::span<std::uint32_t>(doorbells),
+                                                  [this] { return std::make_unique<host_copier>(&fail); });
+    emu::controller_config cfg;
+    cfg.namespaces = {emu::namespace_config{blocks, lba_size, media}};
+    cfg.identity_dma = true;
+    cfg.mdts = 5; // the engine's bounce buffers
+    cfg.max_io_queues = max_qid;
+    cfg.io_engine = engine;
+    emu_ctrl = emu::make_controller(cfg);
+    controller_options opts;
+    opts.io_queues = 1;
+    opts.queue_depth = 32;
+    opts.device_doorbells = true; // the engine's doorbell words, as GPU threads get them
+    opts.io_timeout_ns = 2'000'000'000;
+    ctrl = std::make_unique<controller>(emu_ctrl, opts);
+  }
+  ~rig() { ctrl.reset(); }
+
+  nvme::status rw(nvme::nvm_opcode op, std::uint64_t lba, std::uint32_t n, const dma_region& buf) {
+    return ctrl->io_queue(0).execute(nvme::make_rw(op, 1, lba, n, buf.bus_address(0), 0));
+  }
+  std::vector<std::uint8_t> media_bytes(std::uint64_t lba, std::uint32_t n) {
+    std::vector<std::uint8_t> out(std::size_t{n} * lba_size);
+    REQUIRE(media->read(lba * lba_size, out.data(), out.size()) == 0);
+    return out;
+  }
+};
+
+} // namespace
+
+TEST_CASE("CPU engine for GPU clients: writes reach the media, reads come back", "[emu][client]") {
+  rig r;
+  auto buf = r.ctrl->transport_ref().alloc(8 * lba_size);
+  for (std::uint32_t k = 0; k < 8 * lba_size; ++k) buf->as<std::uint8_t>()[k] = pattern(100 + k / lba_size, k % lba_size);
+  REQUIRE(r.rw(nvme::nvm_opcode::write, 100, 8, *buf) == nvme::status_success);
+  const auto m = r.media_bytes(100, 8);
+  CHECK(std::memcmp(m.data(), buf->data(), m.size()) == 0);
+  std::memset(buf->data(), 0, 8 * lba_size);
+  REQUIRE(r.rw(nvme::nvm_opcode::read, 100, 8, *buf) == nvme::status_success);
+  CHECK(std::memcmp(m.data(), buf->data(), m.size()) == 0);
+  // The one executor's checks apply: out of range, over the transfer limit.
+  CHECK(r.rw(nvme::nvm_opcode::read, blocks - 4, 8, *buf) ==
+        nvme::status(nvme::status_type::generic, nvme::generic_status::lba_out_of_range));
+  CHECK(r.emu_ctrl->counters().host_writes == 1);
+  CHECK(r.emu_ctrl->counters().host_reads == 1);
+}
+
+TEST_CASE("CPU engine for GPU clients: a failed copy completes with Data Transfer Error and changes nothing",
+          "[emu][client]") {
+  rig r;
+  auto buf = r.ctrl->transport_ref().alloc(8 * lba_size);
+  for (std::uint32_t k = 0; k < 8 * lba_size; ++k) buf->as<std::uint8_t>()[k] = 0xab;
+  const auto before = r.media_bytes(200, 8);
+  const nvme::status dte{nvme::status_type::generic, nvme::generic_status::data_transfer_error};
+  r.fail = true;
+  // The data of a write could not be fetched from GPU memory: the media keeps its old bytes.
+  CHECK(r.rw(nvme::nvm_opcode::write, 200, 8, *buf) == dte);
+  CHECK(r.media_bytes(200, 8) == before);
+  // The data of a read could not be delivered: the completion says so.
+  CHECK(r.rw(nvme::nvm_opcode::read, 200, 8, *buf) == dte);
+  r.fail = false;
+  std::memset(buf->data(), 0xab, 8 * lba_size);
+  CHECK(r.rw(nvme::nvm_opcode::write, 200, 8, *buf) == nvme::status_success);
+  CHECK(r.media_bytes(200, 8)[5] == 0xab);
+}
+
+TEST_CASE("CPU engine for GPU clients: fault rules apply to its commands", "[emu][client]") {
+  rig r;
+  auto buf = r.ctrl->transport_ref().alloc(lba_size);
+  emu::fault_rule f;
+  f.opcode = static_cast<std::uint8_t>(nvme::nvm_opcode::read);
+  f.lba_first = 7;
+  f.lba_last = 7;
+  f.status = {nvme::status_type::media_error, nvme::media_status::unrecovered_read_error};
+  const auto id = r.emu_ctrl->faults().add(f);
+  CHECK(r.rw(nvme::nvm_opcode::read, 7, 1, *buf) == f.status);
+  CHECK(r.rw(nvme::nvm_opcode::read, 8, 1, *buf) == nvme::status_success);
+  CHECK(r.emu_ctrl->faults().fired(id) == 1);
+}
+
+TEST_CASE("CPU engine for GPU clients: completions wait for CQ room, however long, and none is lost",
+          "[emu][client]") {
+  rig r;
+  transport& t = r.ctrl->transport_ref();
+  // A second queue pair by hand: an SQ of 32 entries on a CQ of 4.
+  constexpr std::uint16_t qid = 2;
+  constexpr std::uint32_t sq_depth = 32, cq_depth = 4, total = 12;
+  r.ctrl->admin(nvme::make_set_num_queues(2, 2));
+  auto cq = t.alloc(dma_page_size);
+  auto sq = t.alloc(sq_depth * sizeof(nvme::command));
+  r.ctrl->admin(nvme::make_create_io_cq(qid, cq_depth, cq->bus_address(0)));
+  r.ctrl->admin(nvme::make_create_io_sq(qid, sq_depth, sq->bus_address(0), qid));
+  volatile std::uint32_t* sq_db = t.device_doorbell(nvme::sq_doorbell_offset(qid, 0));
+  volatile std::uint32_t* cq_db = t.device_doorbell(nvme::cq_doorbell_offset(qid, 0));
+  auto* cmds = sq->as<nvme::command>();
+  auto* cqes = cq->as<nvme::completion>();
+  for (std::uint32_t i = 0; i < total; ++i) {
+    cmds[i] = nvme::make_flush(1);
+    cmds[i].cid = static_cast<std::uint16_t>(100 + i);
+  }
+  nvme::detail::doorbell_write(sq_db, total, nvme::memory_scope::system);
+  // The consumer stalls for longer than any internal limit a producer might
+  // have; three completions fit, nine wait for room.
+  std::this_thread::sleep_for(std::chrono::seconds(11));
+  std::set<std::uint32_t> cids;
+  std::uint32_t head = 0, phase = 1;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (cids.size() < total && std::chrono::steady_clock::now() < deadline) {
+    const nvme::cqe_dw3 w{std::atomic_ref<std::uint32_t>(reinterpret_cast<std::uint32_t*>(&cqes[head])[3])
+                              .load(std::memory_order_acquire)};
+    if (w.phase_tag() != phase) {
+      std::this_thread::yield();
+      continue;
+    }
+    CHECK(w.status().ok());
+    cids.insert(w.command_id());
+    if (++head == cq_depth) {
+      head = 0;
+      phase ^= 1;
+    }
+    nvme::detail::doorbell_write(cq_db, head, nvme::memory_scope::system);
+  }
+  CHECK(cids.size() == total);
+  CHECK(*cids.begin() == 100);
+  CHECK(*cids.rbegin() == 100 + total - 1);
+  r.ctrl->admin(nvme::make_delete_io_sq(qid));
+  r.ctrl->admin(nvme::make_delete_io_cq(qid));
+}

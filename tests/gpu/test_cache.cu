@@ -1,0 +1,183 @@
+// SPDX-License-Identifier: MIT
+// The page cache's hard cases: failed write-backs (of a neighbour, on
+// detach), failed loads that must not stick, arrays that overlap.
+#include "test_util.cuh"
+
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+using bam_test::counters;
+using bam_test::device_counters;
+using bam_test::layout;
+using Catch::Matchers::ContainsSubstring;
+
+namespace {
+
+__device__ std::uint32_t value_of(std::uint64_t i, std::uint32_t salt) {
+  return static_cast<std::uint32_t>(bam_test::rnd(i * 977 + salt));
+}
+
+// One thread walks the given pages in order (writes or reads their first element).
+__global__ void pages_kernel(bam::array_ref<std::uint32_t> a, std::uint64_t first_page, std::uint64_t pages,
+                             std::uint32_t per_page, bool write, std::uint32_t salt, layout l, counters* c) {
+  for (std::uint64_t p = first_page; p < first_page + pages; ++p) {
+    const std::uint64_t i = p * per_page;
+    if (write) {
+      a.write(i, value_of(i, salt));
+    } else {
+      const std::uint32_t v = a[i];
+      c->bad += v != l.expected(i);
+      c->done += 1;
+    }
+  }
+}
+
+__global__ void write_range(bam::array_ref<std::uint32_t> a, std::uint64_t n, std::uint32_t salt) {
+  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
+    a.write(i, value_of(i, salt));
+}
+__global__ void check_range(bam::array_ref<std::uint32_t> a, std::uint64_t offset, std::uint64_t n,
+                            std::uint32_t salt, counters* c) {
+  unsigned long long bad = 0;
+  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
+    bad += a[i] != value_of(i + offset, salt);
+  if (bad) atomicAdd(&c->bad, bad);
+}
+
+bam::emu::fault_rule failing_writes(std::uint64_t lo, std::uint64_t hi) {
+  bam::emu::fault_rule r;
+  r.opcode = static_cast<std::uint8_t>(bam::nvme::nvm_opcode::write);
+  r.lba_first = lo;
+  r.lba_last = hi;
+  r.count = 0; // every time
+  r.status = {bam::nvme::status_type::media_error, bam::nvme::media_status::write_fault};
+  return r;
+}
+
+} // namespace
+
+TEST_CASE("a neighbour's failed write-back does not fail a read, and is reported", "[gpu][cache]") {
+  bam::storage s("emu-gpu:hbm=8M,queues=4,depth=16");
+  bam_test::fill_pattern(s);
+  // One set of four slots: every new page needs a victim from the same four.
+  bam::page_cache cache({.page_size = 4096, .capacity = 4 * 4096, .ways = 4});
+  bam::array<std::uint32_t> a(cache, s, (8ull << 20) / 4);
+  const layout l{0, 4096, 512, 1};
+  auto& faults = s.emu_controllers()[0]->faults();
+  const auto rule = faults.add(failing_writes(0, 7)); // page 0's write-back fails, the others' succeed
+  device_counters c;
+  pages_kernel<<<1, 1>>>(a.ref(), 0, 4, 1024, true, 1, l, c.ptr()); // four dirty pages
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(a.check());
+  pages_kernel<<<1, 1>>>(a.ref(), 4, 12, 1024, false, 1, l, c.ptr()); // each read evicts a dirty page
+  BAM_TEST_SYNC();
+  CHECK(c.get().done == 12);
+  CHECK(c.get().bad == 0); // every read returned its data
+  CHECK(faults.fired(rule) >= 1);
+  // The failed write-back is reported, with the page that could not be written.
+  try {
+    a.check();
+    FAIL("the failed write-back was not reported");
+  } catch (const bam::error& e) {
+    INFO(e.what());
+    CHECK_THAT(std::string(e.what()), ContainsSubstring("write-back"));
+    REQUIRE(e.context().lba.has_value());
+    CHECK(*e.context().lba == 0);
+  }
+  // Once the fault is gone, a flush writes the page.
+  faults.clear();
+  REQUIRE_NOTHROW(cache.flush());
+  std::uint32_t first = 0;
+  s.read_media(0, 0, &first, 4);
+  std::uint32_t want = static_cast<std::uint32_t>(bam_test::rnd(0 * 977 + 1));
+  CHECK(first == want);
+}
+
+TEST_CASE("a failed load does not stick: the retry after the fault is gone succeeds", "[gpu][cache][sanitize]") {
+  bam::storage s("emu-gpu:hbm=4M,queues=4,depth=16");
+  bam_test::fill_pattern(s);
+  bam::page_cache cache({.page_size = 4096, .capacity = 64 << 10});
+  bam::array<std::uint32_t> a(cache, s, (4ull << 20) / 4);
+  const layout l{0, 4096, 512, 1};
+  bam::emu::fault_rule r;
+  r.opcode = static_cast<std::uint8_t>(bam::nvme::nvm_opcode::read);
+  r.lba_first = 800;
+  r.lba_last = 807;
+  r.count = 1; // a transient error
+  r.status = {bam::nvme::status_type::media_error, bam::nvme::media_status::unrecovered_read_error};
+  s.emu_controllers()[0]->faults().add(r);
+  device_counters c;
+  pages_kernel<<<1, 1>>>(a.ref(), 100, 1, 1024, false, 0, l, c.ptr());
+  BAM_TEST_SYNC();
+  CHECK_THROWS_WITH(a.check(), ContainsSubstring("Unrecovered Read Error"));
+  c.reset();
+  pages_kernel<<<1, 1>>>(a.ref(), 100, 1, 1024, false, 0, l, c.ptr());
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(a.check());
+  CHECK(c.get().done == 1);
+  CHECK(c.get().bad == 0);
+}
+
+TEST_CASE("a failed write-back on detach loses nothing: the pages stay, and a later array sees them",
+          "[gpu][cache]") {
+  bam::storage s("emu-gpu:hbm=8M,queues=4,depth=16");
+  bam_test::fill_pattern(s);
+  bam::page_cache cache({.page_size = 4096, .capacity = 1 << 20});
+  auto& faults = s.emu_controllers()[0]->faults();
+  const std::uint64_t n = (256ull << 10) / 4; // 256 KiB: all of it stays in the cache
+  {
+    bam::array<std::uint32_t> a(cache, s, n, 0);
+    write_range<<<64, 256>>>(a.ref(), n, 9);
+    BAM_TEST_SYNC();
+    REQUIRE_NOTHROW(a.check());
+    faults.add(failing_writes(0, ~0ull));
+    CHECK_THROWS_WITH(a.detach(), ContainsSubstring("write-back on detach failed"));
+  }
+  // A new array over the same blocks reads what the first one wrote (from the cache).
+  bam::array<std::uint32_t> b(cache, s, n, 0);
+  device_counters c;
+  check_range<<<64, 256>>>(b.ref(), 0, n, 9, c.ptr());
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(b.check());
+  CHECK(c.get().bad == 0);
+  // An array that cannot share those pages (not page aligned) is refused while they are dirty.
+  CHECK_THROWS_WITH(bam::array<std::uint32_t>(cache, s, n, 3), ContainsSubstring("page boundary"));
+  // The fault goes away: a flush writes everything.
+  faults.clear();
+  REQUIRE_NOTHROW(cache.flush());
+  std::vector<std::uint32_t> media(n);
+  s.read_media(0, 0, media.data(), n * 4);
+  std::uint64_t bad = 0;
+  for (std::uint64_t i = 0; i < n; ++i) bad += media[i] != static_cast<std::uint32_t>(bam_test::rnd(i * 977 + 9));
+  CHECK(bad == 0);
+}
+
+TEST_CASE("arrays that overlap share pages when both are page aligned, and are refused otherwise",
+          "[gpu][cache]") {
+  bam::storage s("emu-gpu:hbm=16M,ssds=2,queues=8,depth=32");
+  bam_test::fill_pattern(s);
+  bam::page_cache cache({.page_size = 65536, .capacity = 4 << 20});
+  const std::uint64_t n = (4ull << 20) / 4;
+  bam::array<std::uint32_t> a(cache, s, n, 0);
+  // Half a 64 KiB page (64 blocks) into a's blocks: the pages would not line up.
+  try {
+    bam::array<std::uint32_t> b(cache, s, n, 64);
+    FAIL("an overlap by half a page was accepted");
+  } catch (const bam::error& e) {
+    INFO(e.what());
+    CHECK_THAT(std::string(e.what()), ContainsSubstring("overlaps") && ContainsSubstring("page boundary"));
+  }
+  // One page (128 blocks) in, on both controllers: b's page 0 is a's page 2.
+  bam::array<std::uint32_t> b(cache, s, n, 128);
+  write_range<<<128, 256>>>(a.ref(), n, 4);
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(a.check());
+  device_counters c;
+  const std::uint64_t shift = 2 * 65536 / 4; // b's element 0 is a's element 32768
+  check_range<<<128, 256>>>(b.ref(), shift, n - shift, 4, c.ptr());
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(b.check());
+  CHECK(c.get().bad == 0);
+}
