@@ -16,6 +16,20 @@
 
 namespace bam::detail {
 
+//! 0, computed from `v`: an instruction that waits for `v` (a load's value).
+//! An operation fed with it is issued only after `v` has arrived: ordering
+//! without a fence. `zero` must be 0 at run time but unknown to the compiler
+//! (a field of a kernel argument): with a literal 0 the compiler folds the
+//! instruction away and the dependency with it.
+BAM_DEVICE inline unsigned dependency_token(unsigned v, unsigned zero) {
+  unsigned t;
+  asm volatile("and.b32 %0, %1, %2;" : "=r"(t) : "r"(v), "r"(zero));
+  return t;
+}
+BAM_DEVICE inline unsigned dependency_token(unsigned long long v, unsigned zero) {
+  return dependency_token(static_cast<unsigned>(v), zero);
+}
+
 BAM_DEVICE inline uint4 ld_cg(const uint4* p) {
   uint4 v;
   asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"

@@ -97,7 +97,12 @@ inline constexpr std::uint32_t match_qid = 4;
 
 template <class T>
 BAM_HD T load_word(const T& w) {
+#if BAM_DEVICE_CODE
+  // The GPU engine's copy is GPU memory.
+  return cuda::atomic_ref<T, cuda::thread_scope_device>(const_cast<T&>(w)).load(cuda::memory_order_relaxed);
+#else
   return cuda::atomic_ref<T, cuda::thread_scope_system>(const_cast<T&>(w)).load(cuda::memory_order_relaxed);
+#endif
 }
 template <class T>
 BAM_HD void store_word(T& w, T v) {

@@ -48,7 +48,7 @@ struct gpu_engine_ref {
   std::uint8_t* media = nullptr;      //!< device-accessible pointer (ram, hbm); null for null media
   std::uint64_t media_bytes = 0;
   media_kind media_is = media_kind::null;
-  std::uint32_t reserved = 0;
+  std::uint32_t zero = 0;             //!< always 0; the compiler cannot know it (a dependency token)
   nvm_target target;                  //!< namespace, limits, counters and fault table (GPU memory)
   gpu_ssd_model* model = nullptr;
   std::uint64_t timeout_ns = nvme::default_queue_timeout_ns; //!< bound of every engine wait

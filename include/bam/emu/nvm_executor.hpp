@@ -65,7 +65,13 @@ BAM_HD constexpr nvme::status read_error() { return media_error(nvme::media_stat
 BAM_HD constexpr nvme::status write_fault() { return media_error(nvme::media_status::write_fault); }
 
 BAM_HD inline void count(nvm_counters* c, std::uint64_t nvm_counters::*field, std::uint64_t n) {
-  if (c != nullptr) cuda::atomic_ref<std::uint64_t, cuda::thread_scope_system>(c->*field).fetch_add(n, cuda::memory_order_relaxed);
+  if (c == nullptr) return;
+#if BAM_DEVICE_CODE
+  // The GPU engine's counters are GPU memory, read by the host between kernels.
+  cuda::atomic_ref<std::uint64_t, cuda::thread_scope_device>(c->*field).fetch_add(n, cuda::memory_order_relaxed);
+#else
+  cuda::atomic_ref<std::uint64_t, cuda::thread_scope_system>(c->*field).fetch_add(n, cuda::memory_order_relaxed);
+#endif
 }
 
 BAM_HD inline bool lba_range_ok(const nvm_namespace& ns, std::uint64_t slba, std::uint64_t nlb) {

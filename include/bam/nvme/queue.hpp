@@ -112,9 +112,47 @@ struct cid_state {
 };
 static_assert(sizeof(cid_state) == 32);
 
-//! A 32-bit register write (doorbell) that every earlier store of this
-//! thread reaches before the device sees it.
-BAM_HD inline void doorbell_write(volatile std::uint32_t* reg, std::uint32_t value, memory_scope scope) {
+// On the GPU an acquire invalidates the SM's L1 and a release waits for
+// every earlier memory operation of the thread: loads that poll are relaxed
+// there, with one acquire fence once the value polled for has arrived, and a
+// batch of stores shares one release fence. On the host (where acquire and
+// release cost nothing and ThreadSanitizer checks the protocol) they stay
+// plain acquire loads and release stores.
+
+//! Memory order of a load that polls.
+BAM_HD constexpr cuda::memory_order poll_order() {
+#if BAM_DEVICE_CODE
+  return cuda::memory_order_relaxed;
+#else
+  return cuda::memory_order_acquire;
+#endif
+}
+//! After a poll found its value: order the reads that follow after it.
+BAM_HD inline void acquire_fence() {
+#if BAM_DEVICE_CODE
+  cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
+#endif
+}
+//! Before a batch of publishing stores (made with `publish_order`).
+BAM_HD inline void release_fence() {
+#if BAM_DEVICE_CODE
+  cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_device);
+#endif
+}
+//! Memory order of a store published by a preceding `release_fence`.
+BAM_HD constexpr cuda::memory_order publish_order() {
+#if BAM_DEVICE_CODE
+  return cuda::memory_order_relaxed;
+#else
+  return cuda::memory_order_release;
+#endif
+}
+
+//! A 32-bit register write (doorbell) that every earlier memory operation of
+//! this thread reaches before the device sees it. `fenced`: a device-scope
+//! release fence was made since those operations.
+BAM_HD inline void doorbell_write(volatile std::uint32_t* reg, std::uint32_t value, memory_scope scope,
+                                  bool fenced = false) {
 #if BAM_DEVICE_CODE
   if (scope == memory_scope::system) {
     // MMIO or host memory: order the SQ entries (GPU or host memory) before
@@ -122,19 +160,21 @@ BAM_HD inline void doorbell_write(volatile std::uint32_t* reg, std::uint32_t val
     cuda::atomic_thread_fence(cuda::memory_order_seq_cst, cuda::thread_scope_system);
     *reg = value;
   } else {
-    device_atomic<std::uint32_t>(*const_cast<std::uint32_t*>(reg)).store(value, cuda::memory_order_release);
+    device_atomic<std::uint32_t>(*const_cast<std::uint32_t*>(reg))
+        .store(value, fenced ? cuda::memory_order_relaxed : cuda::memory_order_release);
   }
 #else
   (void)scope;
+  (void)fenced;
   system_atomic<std::uint32_t>(*const_cast<std::uint32_t*>(reg)).store(value, cuda::memory_order_release);
 #endif
 }
 
-//! Acquire load of completion dword 3 in the scope of whoever writes the CQ.
-BAM_HD inline std::uint32_t load_cqe_dw3(completion* entry, memory_scope scope) {
+//! Load of completion dword 3 in the scope of whoever writes the CQ.
+BAM_HD inline std::uint32_t load_cqe_dw3(completion* entry, memory_scope scope, cuda::memory_order order) {
   auto* dw3 = reinterpret_cast<std::uint32_t*>(reinterpret_cast<unsigned char*>(entry) + cqe_dw3_offset);
-  if (scope == memory_scope::system) return system_atomic<std::uint32_t>(*dw3).load(cuda::memory_order_acquire);
-  return device_atomic<std::uint32_t>(*dw3).load(cuda::memory_order_acquire);
+  if (scope == memory_scope::system) return system_atomic<std::uint32_t>(*dw3).load(order);
+  return device_atomic<std::uint32_t>(*dw3).load(order);
 }
 
 } // namespace detail
@@ -211,11 +251,12 @@ struct queue_pair_ref {
   //! reports SQ heads correctly; checked because a full SQ must never be overrun).
   BAM_HD bool slot_free(std::uint64_t ticket) const {
     const std::uint32_t turn = static_cast<std::uint32_t>(ticket / ncids);
-    if (detail::device_atomic<std::uint32_t>(cids[cid_of(ticket)].free_turn).load(cuda::memory_order_acquire) !=
-        turn)
+    if (detail::device_atomic<std::uint32_t>(cids[cid_of(ticket)].free_turn).load(detail::poll_order()) != turn)
       return false;
-    return ticket < detail::device_atomic<std::uint64_t>(counters->sq_head).load(cuda::memory_order_acquire) +
-                        sq_depth - 1;
+    if (ticket >= detail::device_atomic<std::uint64_t>(counters->sq_head).load(detail::poll_order()) + sq_depth - 1)
+      return false;
+    detail::acquire_fence();
+    return true;
   }
 
   //! Write the entry of `ticket` (its command id set here) and mark the slot
@@ -245,17 +286,17 @@ struct queue_pair_ref {
 
   //! Publish every contiguous ready slot with one SQ doorbell write.
   //! Returns without waiting if another thread holds the doorbell.
-  BAM_HD void ring() const {
+  BAM_HD BAM_NOINLINE void ring() const {
     using detail::device_atomic;
     device_atomic<std::uint32_t> lock(counters->sq_lock);
     device_atomic<std::uint64_t> tail_ref(counters->sq_tail);
     for (;;) {
       if (lock.load(cuda::memory_order_relaxed) != 0) return;
-      if (lock.exchange(1, cuda::memory_order_acquire) != 0) return;
+      if (lock.exchange(1, detail::poll_order()) != 0) return;
       std::uint64_t tail = tail_ref.load(cuda::memory_order_relaxed);
       const std::uint64_t start = tail;
-      while (device_atomic<std::uint64_t>(ready[tail % sq_depth]).load(cuda::memory_order_acquire) == tail + 1)
-        ++tail;
+      while (device_atomic<std::uint64_t>(ready[tail % sq_depth]).load(detail::poll_order()) == tail + 1) ++tail;
+      detail::acquire_fence(); // the lock, and the entries behind the ready marks
       if (tail != start) {
         detail::doorbell_write(sq_doorbell, static_cast<std::uint32_t>(tail % sq_depth), doorbell_scope);
         tail_ref.store(tail, cuda::memory_order_relaxed);
@@ -267,37 +308,51 @@ struct queue_pair_ref {
       // taken and left: look once more so that no entry is left unpublished.
       // The fence pairs with fence_after_publish() (store-load ordering).
       cuda::atomic_thread_fence(cuda::memory_order_seq_cst, cuda::thread_scope_device);
-      if (device_atomic<std::uint64_t>(ready[tail % sq_depth]).load(cuda::memory_order_acquire) != tail + 1)
-        return;
+      if (device_atomic<std::uint64_t>(ready[tail % sq_depth]).load(cuda::memory_order_relaxed) != tail + 1) return;
     }
   }
 
   //! Consume new completions, if no other thread is doing so. Returns the
   //! number consumed.
-  BAM_HD std::uint32_t poll() const {
+  BAM_HD BAM_NOINLINE std::uint32_t poll() const {
     using detail::device_atomic;
     device_atomic<std::uint32_t> lock(counters->cq_lock);
     if (lock.load(cuda::memory_order_relaxed) != 0) return 0;
-    if (lock.exchange(1, cuda::memory_order_acquire) != 0) return 0;
+    if (lock.exchange(1, detail::poll_order()) != 0) return 0;
     device_atomic<std::uint64_t> cq_head(counters->cq_head);
-    std::uint64_t head = cq_head.load(cuda::memory_order_relaxed);
-    std::uint32_t consumed = 0;
+    const std::uint64_t first = cq_head.load(cuda::memory_order_relaxed);
+    // 1. How many new entries (their phase tags), one fence for all of them.
     // Stop after one ring's worth so a fast controller cannot starve the doorbell.
-    while (consumed < cq_depth) {
-      completion* entry = &cq[head % cq_depth];
+    std::uint32_t n = 0;
+    while (n < cq_depth) {
+      const std::uint64_t head = first + n;
       const std::uint32_t expected_phase = ((head / cq_depth) & 1) ? 0u : 1u;
-      const cqe_dw3 w{detail::load_cqe_dw3(entry, cq_scope)};
+      const cqe_dw3 w{detail::load_cqe_dw3(&cq[head % cq_depth], cq_scope, detail::poll_order())};
       if (w.phase_tag() != expected_phase) break;
+      ++n;
+    }
+    detail::acquire_fence(); // the lock, and the entries behind the phase tags
+    if (n == 0) {
+      lock.store(0, cuda::memory_order_release);
+      return 0;
+    }
+    // 2. Read them. 3. One release fence (the entries are read before their
+    // slots and command ids are handed back), then file every result.
+    detail::release_fence();
+    std::uint32_t sq_head_pos = counters->sq_head_pos;
+    std::uint64_t sq_head = counters->sq_head;
+    for (std::uint32_t k = 0; k < n; ++k) {
+      completion* entry = &cq[(first + k) % cq_depth];
+      const cqe_dw3 w{detail::load_cqe_dw3(entry, cq_scope, cuda::memory_order_relaxed)};
       const std::uint32_t cid = w.command_id();
       const std::uint16_t st = w.status().raw;
       const std::uint32_t dw0 = entry->dw0;
-      const std::uint32_t sq_head_pos = entry->sq_head;
+      const std::uint32_t pos = entry->sq_head;
       // Account for how far the controller has fetched (an out-of-range
       // position from a misbehaving controller is ignored).
-      if (sq_head_pos < sq_depth) {
-        const std::uint32_t delta = (sq_head_pos + sq_depth - counters->sq_head_pos) % sq_depth;
-        counters->sq_head_pos = sq_head_pos;
-        device_atomic<std::uint64_t>(counters->sq_head).store(counters->sq_head + delta, cuda::memory_order_release);
+      if (pos < sq_depth) {
+        sq_head += (pos + sq_depth - sq_head_pos) % sq_depth;
+        sq_head_pos = pos;
       }
       if (cid < ncids) {
         completion_record* rec = cids[cid].record;
@@ -306,24 +361,22 @@ struct queue_pair_ref {
           rec->dw0 = dw0;
           rec->status = st;
           cids[cid].record = nullptr;
-          device_atomic<std::uint32_t>(rec->done).store(1, cuda::memory_order_release);
+          device_atomic<std::uint32_t>(rec->done).store(1, detail::publish_order());
           device_atomic<std::uint32_t> free_turn(cids[cid].free_turn);
-          free_turn.store(free_turn.load(cuda::memory_order_relaxed) + 1, cuda::memory_order_release);
+          free_turn.store(free_turn.load(cuda::memory_order_relaxed) + 1, detail::publish_order());
         } else {
           cids[cid].dw0 = dw0;
           cids[cid].status = st;
-          device_atomic<std::uint32_t>(cids[cid].done).store(1, cuda::memory_order_release);
+          device_atomic<std::uint32_t>(cids[cid].done).store(1, detail::publish_order());
         }
       }
-      ++head;
-      ++consumed;
     }
-    if (consumed != 0) {
-      cq_head.store(head, cuda::memory_order_relaxed);
-      detail::doorbell_write(cq_doorbell, static_cast<std::uint32_t>(head % cq_depth), doorbell_scope);
-    }
-    lock.store(0, cuda::memory_order_release);
-    return consumed;
+    counters->sq_head_pos = sq_head_pos;
+    device_atomic<std::uint64_t>(counters->sq_head).store(sq_head, detail::publish_order());
+    cq_head.store(first + n, cuda::memory_order_relaxed);
+    detail::doorbell_write(cq_doorbell, static_cast<std::uint32_t>((first + n) % cq_depth), doorbell_scope, true);
+    lock.store(0, cuda::memory_order_release); // the counters above before the next holder reads them
+    return n;
   }
 
   //! If the completion of `ticket` (published without a record) has been
@@ -333,7 +386,8 @@ struct queue_pair_ref {
     using detail::device_atomic;
     const std::uint32_t cid = cid_of(ticket);
     device_atomic<std::uint32_t> done(cids[cid].done);
-    if (done.load(cuda::memory_order_acquire) == 0) return false;
+    if (done.load(detail::poll_order()) == 0) return false;
+    detail::acquire_fence();
     st = status(static_cast<std::uint16_t>(cids[cid].status));
     if (dw0 != nullptr) *dw0 = cids[cid].dw0;
     done.store(0, cuda::memory_order_relaxed);

@@ -81,11 +81,18 @@ struct queue_set_ref {
   BAM_HD std::uint64_t nblocks_total() const { return nblocks; }
 
   //! Direct I/O (warp-collective: every active lane of the warp calls it,
-  //! each with its own request; returns each lane's status).
+  //! each with its own request — its own controller, opcode and blocks;
+  //! returns each lane's status).
+  BAM_DEVICE nvme::status io(nvme::nvm_opcode op, std::uint64_t lba, std::uint32_t nblocks,
+                             const std::uint64_t* page_bus, std::uint64_t offset) const;
   BAM_DEVICE nvme::status read(std::uint64_t lba, std::uint32_t nblocks, const std::uint64_t* page_bus,
-                               std::uint64_t offset) const;
+                               std::uint64_t offset) const {
+    return io(nvme::nvm_opcode::read, lba, nblocks, page_bus, offset);
+  }
   BAM_DEVICE nvme::status write(std::uint64_t lba, std::uint32_t nblocks, const std::uint64_t* page_bus,
-                                std::uint64_t offset) const;
+                                std::uint64_t offset) const {
+    return io(nvme::nvm_opcode::write, lba, nblocks, page_bus, offset);
+  }
   //! NVMe Flush of the namespace (warp-collective like `read`).
   BAM_DEVICE nvme::status flush() const;
 

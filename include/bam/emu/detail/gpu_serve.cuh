@@ -194,20 +194,24 @@ BAM_DEVICE BAM_NOINLINE inline unsigned serve_warp(const gpu_engine_ref& e, std:
   unsigned k = 0;
   if (lane == leader) {
     const bool paused = e.target.faults != nullptr && e.target.faults->is_paused();
-    if (!paused && dev_atomic<std::uint32_t>(q.active).load(cuda::memory_order_acquire) != 0) {
-      const std::uint32_t depth = q.sq_depth;
+    const std::uint32_t depth = q.sq_depth;
+    dev_atomic<std::uint64_t> claim(q.sq_claim);
+    dev_atomic<std::uint32_t> doorbell(e.doorbells[e.sq_doorbell_index(qid)]);
+    // A glance first (relaxed, no fence): most calls find nothing to do.
+    const std::uint64_t c0 = claim.load(cuda::memory_order_relaxed);
+    const std::uint32_t db0 = doorbell.load(cuda::memory_order_relaxed);
+    if (!paused && !(db0 < depth && db0 == c0 % depth) &&
+        dev_atomic<std::uint32_t>(q.active).load(cuda::memory_order_relaxed) != 0) {
       // The claim count must be read before the doorbell (acquire orders the
       // two): a doorbell older than the claim could wrap around and make an
       // entry not yet written look fetchable.
-      dev_atomic<std::uint64_t> claim(q.sq_claim);
       c = claim.load(cuda::memory_order_acquire);
-      const std::uint32_t db =
-          dev_atomic<std::uint32_t>(e.doorbells[e.sq_doorbell_index(qid)]).load(cuda::memory_order_acquire);
+      const std::uint32_t db = doorbell.load(cuda::memory_order_acquire);
       if (db < depth) {
         const std::uint64_t tail = c + (db + depth - c % depth) % depth;
         const std::uint64_t avail = tail - c;
         const unsigned want = static_cast<unsigned>(avail < __popc(mask) ? avail : __popc(mask));
-        if (want != 0 && claim.compare_exchange_strong(c, c + want, cuda::memory_order_acq_rel)) k = want;
+        if (want != 0 && claim.compare_exchange_strong(c, c + want, cuda::memory_order_relaxed)) k = want;
       }
     }
   }
@@ -217,14 +221,21 @@ BAM_DEVICE BAM_NOINLINE inline unsigned serve_warp(const gpu_engine_ref& e, std:
   const std::uint32_t depth = q.sq_depth;
   const bool mine = rank < k;
   nvme::command cmd{};
+  unsigned token = 0;
   if (mine) {
     // Not through L1: the slot was written by a submitter on another SM.
     const auto* src = reinterpret_cast<const uint4*>(&q.sq[(c + rank) % depth]);
     auto* dst = reinterpret_cast<uint4*>(&cmd);
 #pragma unroll
-    for (int w = 0; w < 4; ++w) dst[w] = bam::detail::ld_cg(src + w);
+    for (int w = 0; w < 4; ++w) {
+      dst[w] = bam::detail::ld_cg(src + w);
+      token |= dst[w].x;
+    }
+    token = bam::detail::dependency_token(token, e.zero);
   }
-  __syncwarp(mask);
+  // Every lane's entry has arrived (the token depends on each): only then
+  // may the fetch be published and the slots reused.
+  token = __reduce_or_sync(mask, token);
 
   // 2. Publish the fetch in order.
   const std::uint64_t start = bam::detail::now_ns();
@@ -232,14 +243,14 @@ BAM_DEVICE BAM_NOINLINE inline unsigned serve_warp(const gpu_engine_ref& e, std:
   bool stuck = false;
   if (lane == leader) {
     dev_atomic<std::uint64_t> fetched(q.sq_fetched);
-    while (fetched.load(cuda::memory_order_acquire) != c) {
+    while (fetched.load(cuda::memory_order_relaxed) != c) {
       if (bam::detail::now_ns() > deadline) {
         stuck = true; // an earlier claimer never published: the submitters time out
         break;
       }
       bam::detail::relax(32);
     }
-    if (!stuck) fetched.store(c + k, cuda::memory_order_release);
+    if (!stuck) fetched.store(c + k + token, cuda::memory_order_relaxed);
   }
   if (__shfl_sync(mask, stuck ? 1u : 0u, leader)) return k;
 
@@ -292,13 +303,13 @@ BAM_DEVICE BAM_NOINLINE inline unsigned serve_warp(const gpu_engine_ref& e, std:
     dev_atomic<std::uint64_t> head(cq.cq_head);
     const std::uint64_t last = v0 + n - 1;
     for (;;) {
-      std::uint64_t h = head.load(cuda::memory_order_acquire);
+      std::uint64_t h = head.load(cuda::memory_order_relaxed);
       if (last < h + cdepth - 1) break;
       const std::uint32_t d =
-          dev_atomic<std::uint32_t>(e.doorbells[e.cq_doorbell_index(q.cqid)]).load(cuda::memory_order_acquire);
+          dev_atomic<std::uint32_t>(e.doorbells[e.cq_doorbell_index(q.cqid)]).load(cuda::memory_order_relaxed);
       const std::uint64_t now_head = consumer_head(h, d, cdepth);
       if (now_head != h) {
-        head.fetch_max(now_head, cuda::memory_order_acq_rel);
+        head.fetch_max(now_head, cuda::memory_order_relaxed);
         if (last < now_head + cdepth - 1) break;
       }
       // The consumer (the waiting threads' poll) writes the head doorbell
@@ -307,7 +318,10 @@ BAM_DEVICE BAM_NOINLINE inline unsigned serve_warp(const gpu_engine_ref& e, std:
       bam::detail::relax(64);
     }
   }
+  // The consumer has read the slots being reused (its doorbell said so).
+  if (lane == leader) cuda::atomic_thread_fence(cuda::memory_order_acquire, cuda::thread_scope_device);
   v0 = __shfl_sync(mask, static_cast<unsigned long long>(v0), leader);
+  __syncwarp(mask); // every lane's data before any lane's completion
   if (post) {
     const std::uint64_t v = v0 + __popc(posting & ((1u << lane) - 1));
     // The SQ head reported must never pass an entry not yet copied and must

@@ -78,6 +78,42 @@ BAM_DEVICE void store_uncached(T* p, const T& value) {
   }
 }
 
+//! Load a T of a pinned page (L2, not L1: the slot's earlier pages may be
+//! in this SM's L1). Not volatile: the compiler may batch such loads; their
+//! addresses depend on the pin, so none is issued before it.
+template <class T>
+BAM_DEVICE T load_page(const T* p) {
+  T t;
+  if constexpr (sizeof(T) == 1) {
+    const unsigned char v = __ldcg(reinterpret_cast<const unsigned char*>(p));
+    std::memcpy(&t, &v, 1);
+  } else if constexpr (sizeof(T) == 2) {
+    const unsigned short v = __ldcg(reinterpret_cast<const unsigned short*>(p));
+    std::memcpy(&t, &v, 2);
+  } else if constexpr (sizeof(T) == 4) {
+    const unsigned v = __ldcg(reinterpret_cast<const unsigned*>(p));
+    std::memcpy(&t, &v, 4);
+  } else if constexpr (sizeof(T) == 8) {
+    const unsigned long long v = __ldcg(reinterpret_cast<const unsigned long long*>(p));
+    std::memcpy(&t, &v, 8);
+  } else {
+    const auto* s = reinterpret_cast<const uint4*>(p);
+    uint4 v[sizeof(T) / 16];
+#pragma unroll
+    for (std::size_t k = 0; k < sizeof(T) / 16; ++k) v[k] = __ldcg(s + k);
+    std::memcpy(&t, v, sizeof(T));
+  }
+  return t;
+}
+
+//! The first 32 bits of a value (to derive a dependency token from it).
+template <class T>
+BAM_DEVICE unsigned first_word(const T& v) {
+  unsigned w = 0;
+  std::memcpy(&w, &v, sizeof(T) < 4 ? sizeof(T) : 4);
+  return w;
+}
+
 //! The lanes of `mask` whose value equals this lane's: without
 //! `__match_any_sync` when the whole mask agrees (the common case).
 BAM_DEVICE inline unsigned same_value_lanes(unsigned mask, std::uint64_t v) {
@@ -142,6 +178,8 @@ public:
 
 private:
   BAM_DEVICE T access(std::uint64_t i, const T* value) const;
+  BAM_DEVICE T access_slow(std::uint64_t i, const T* value, unsigned mask, unsigned peers, unsigned leader,
+                           pin_result p) const;
 };
 
 template <class T>
@@ -153,12 +191,26 @@ BAM_DEVICE T array_ref<T>::access(std::uint64_t i, const T* value) const {
   const std::uint64_t key = in_range ? key_of(i) : ~0ull; // one group for bad indices
   const unsigned peers = same_value_lanes(mask, key);
   const unsigned leader = __ffs(peers) - 1;
+  pin_result p{0, pin_state::miss};
+  if (lane == leader && in_range) p = cache.pin(key, value != nullptr);
+  return access_slow(i, value, mask, peers, leader, p);
+}
+
+template <class T>
+BAM_DEVICE BAM_NOINLINE T array_ref<T>::access_slow(std::uint64_t i, const T* value, unsigned mask, unsigned peers,
+                                                    unsigned leader, pin_result p) const {
+  using namespace detail;
+  (void)peers;
+  const unsigned lane = lane_id();
+  const bool in_range = i < n;
   page_request r;
   if (lane == leader && in_range) {
-    r.key = key;
+    r.key = key_of(i);
     r.for_write = value != nullptr;
-    r.phase = page_phase::lookup;
-    cache.try_pin(r);
+    r.slot = p.slot;
+    r.phase = p.state == pin_state::hit       ? page_phase::hit
+              : p.state == pin_state::loading ? page_phase::pinned_wait
+                                              : page_phase::lookup;
   }
   T result{};
   unsigned todo = mask;
@@ -169,19 +221,26 @@ BAM_DEVICE T array_ref<T>::access(std::uint64_t i, const T* value) const {
     const std::uint16_t st = static_cast<std::uint16_t>(__shfl_sync(mask, static_cast<unsigned>(r.status), leader));
     const bool hit = ph == static_cast<unsigned>(page_phase::hit);
     const bool now = ((todo >> lane) & 1u) && (!in_range || hit || ph == static_cast<unsigned>(page_phase::failed));
+    unsigned token = 0;
     if (now) {
       if (!in_range) fail(nvme::status_out_of_range, i);
       else if (!hit) {
         if (lane == leader) fail(nvme::status(st), i);
       } else if (value != nullptr) store_uncached(element(slot, i), *value);
-      else result = load_uncached(element(slot, i));
+      else {
+        result = load_uncached(element(slot, i));
+        token = dependency_token(first_word(result), cache.zero);
+      }
     }
     todo &= ~__ballot_sync(mask, now);
-    __syncwarp(mask); // every peer is done with the page before the leader lets it go
+    // The leader lets the page go once every peer is done with it: after the
+    // peers' reads arrived (their tokens), or after their writes (release).
+    if (value != nullptr) __syncwarp(mask);
+    token = __reduce_or_sync(mask, token);
     if (now && lane == leader && in_range) {
       if (hit) {
-        if (value != nullptr) __threadfence(); // the data before the pin drop
-        cache.release(r.slot);
+        if (value != nullptr) cache.release(r.slot);
+        else cache.release_read(r.slot, token);
       }
       r.phase = page_phase::idle;
     }
@@ -191,8 +250,11 @@ BAM_DEVICE T array_ref<T>::access(std::uint64_t i, const T* value) const {
 
 namespace detail {
 
-//! The warp copies `len` bytes from cache memory `src` to `dst`.
-BAM_DEVICE inline void warp_copy_out(unsigned char* dst, const unsigned char* src, std::uint64_t len, unsigned lane) {
+//! The warp copies `len` bytes from cache memory `src` to `dst`. Returns a
+//! dependency token (0) computed from every value read.
+BAM_DEVICE inline unsigned warp_copy_out(unsigned char* dst, const unsigned char* src, std::uint64_t len, unsigned lane,
+                                       unsigned zero) {
+  unsigned token = 0;
   if (((reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src) | len) & 15u) == 0) {
     auto* d = reinterpret_cast<uint4*>(dst);
     const auto* s = reinterpret_cast<const uint4*>(src);
@@ -204,16 +266,32 @@ BAM_DEVICE inline void warp_copy_out(unsigned char* dst, const unsigned char* sr
 #pragma unroll
       for (unsigned j = 0; j < in_flight; ++j) v[j] = ld_cg(s + k + j * 32);
 #pragma unroll
-      for (unsigned j = 0; j < in_flight; ++j) d[k + j * 32] = v[j];
+      for (unsigned j = 0; j < in_flight; ++j) {
+        d[k + j * 32] = v[j];
+        token |= v[j].x;
+      }
     }
-    for (; k < n; k += 32) d[k] = ld_cg(s + k);
+    for (; k < n; k += 32) {
+      const uint4 v = ld_cg(s + k);
+      d[k] = v;
+      token |= v.x;
+    }
   } else if (((reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src) | len) & 3u) == 0) {
     auto* d = reinterpret_cast<unsigned*>(dst);
     const auto* s = reinterpret_cast<const unsigned*>(src);
-    for (std::uint64_t k = lane; k < len / 4; k += 32) d[k] = ld_cg(s + k);
+    for (std::uint64_t k = lane; k < len / 4; k += 32) {
+      const unsigned v = ld_cg(s + k);
+      d[k] = v;
+      token |= v;
+    }
   } else {
-    for (std::uint64_t k = lane; k < len; k += 32) dst[k] = ld_cg(src + k);
+    for (std::uint64_t k = lane; k < len; k += 32) {
+      const unsigned char v = ld_cg(src + k);
+      dst[k] = v;
+      token |= v;
+    }
   }
+  return dependency_token(token, zero);
 }
 
 } // namespace detail
@@ -256,17 +334,18 @@ BAM_DEVICE bool array_ref<T>::copy_to(std::uint64_t begin, std::uint64_t count, 
         const std::uint64_t page = p0 + k;
         const std::uint64_t lo = page == first ? begin : page * per_page;
         const std::uint64_t hi = page == last ? begin + count : (page + 1) * per_page;
+        unsigned token = 0;
         if (good) {
           const auto* src = reinterpret_cast<const unsigned char*>(element(slot, lo));
-          warp_copy_out(reinterpret_cast<unsigned char*>(out + (lo - begin)), src, (hi - lo) * sizeof(T), lane);
+          token = warp_copy_out(reinterpret_cast<unsigned char*>(out + (lo - begin)), src, (hi - lo) * sizeof(T), lane, cache.zero);
         } else {
           ok = false;
           if (lane == k) fail(nvme::status(st), lo);
           for (std::uint64_t e = lo + lane; e < hi; e += 32) out[e - begin] = T{};
         }
-        __syncwarp(full);
+        token = __reduce_or_sync(full, token); // every lane's reads of the page arrived
         if (lane == k) {
-          if (good) cache.release(r.slot);
+          if (good) cache.release_read(r.slot, token);
           r.phase = page_phase::idle;
         }
       }
@@ -288,71 +367,98 @@ public:
   array_reader(const array_reader&) = delete;
   array_reader& operator=(const array_reader&) = delete;
 
-  BAM_DEVICE const T operator[](std::uint64_t i);
+  BAM_DEVICE const T operator[](std::uint64_t i) {
+    const unsigned mask = __activemask();
+    const bool in_range = i < a_.n;
+    const std::uint64_t key = in_range ? a_.key_of(i) : ~0ull;
+    if (__all_sync(mask, in_range && key == key_)) return detail::load_page(a_.element(slot_, i));
+    return move_to(i, mask);
+  }
   //! Let the held pages go now.
   BAM_DEVICE void release() {
-    if (owner_) a_.cache.release(slot_);
+    const unsigned mask = __activemask();
+    if (__any_sync(mask, owner_)) {
+      __syncwarp(mask); // every lane's reads of the pages before they go
+      if (owner_) a_.cache.release(slot_);
+    }
     owner_ = false;
     key_ = ~0ull;
   }
 
 private:
+  //! Some lane moved to another page: let every held page go first (no
+  //! waiting while holding), then take the new ones.
+  BAM_DEVICE const T move_to(std::uint64_t i, unsigned mask) {
+    using namespace detail;
+    release();
+    const unsigned lane = lane_id();
+    const bool in_range = i < a_.n;
+    const std::uint64_t key = in_range ? a_.key_of(i) : ~0ull;
+    const unsigned peers = same_value_lanes(mask, key);
+    const unsigned leader = __ffs(peers) - 1;
+    pin_result p{0, pin_state::miss};
+    if (lane == leader && in_range) p = a_.cache.pin(key, false);
+    const unsigned state = __shfl_sync(mask, static_cast<unsigned>(p.state), leader);
+    if (__all_sync(mask, in_range && state == static_cast<unsigned>(pin_state::hit))) {
+      key_ = key;
+      slot_ = __shfl_sync(mask, p.slot, leader);
+      owner_ = lane == leader;
+      return load_page(a_.element(slot_, i));
+    }
+    return move_slow(i, mask, leader, p);
+  }
+
+  BAM_DEVICE BAM_NOINLINE T move_slow(std::uint64_t i, unsigned mask, unsigned leader, pin_result p) {
+    using namespace detail;
+    const unsigned lane = lane_id();
+    const bool in_range = i < a_.n;
+    const std::uint64_t key = in_range ? a_.key_of(i) : ~0ull;
+    page_request r;
+    if (lane == leader && in_range) {
+      r.key = key;
+      r.slot = p.slot;
+      r.phase = p.state == pin_state::hit       ? page_phase::hit
+                : p.state == pin_state::loading ? page_phase::pinned_wait
+                                                : page_phase::lookup;
+    }
+    T result{};
+    unsigned todo = mask;
+    for (;;) {
+      if (__any_sync(mask, !r.settled())) a_.cache.resolve(r, mask, true);
+      const unsigned ph = __shfl_sync(mask, static_cast<unsigned>(r.phase), leader);
+      const std::uint32_t slot = __shfl_sync(mask, r.slot, leader);
+      const std::uint16_t st = static_cast<std::uint16_t>(__shfl_sync(mask, static_cast<unsigned>(r.status), leader));
+      const bool hit = ph == static_cast<unsigned>(page_phase::hit);
+      const bool now = ((todo >> lane) & 1u) && (!in_range || hit || ph == static_cast<unsigned>(page_phase::failed));
+      if (now) {
+        if (!in_range) a_.fail(nvme::status_out_of_range, i);
+        else if (!hit) {
+          if (lane == leader) a_.fail(nvme::status(st), i);
+        } else result = load_uncached(a_.element(slot, i));
+      }
+      todo &= ~__ballot_sync(mask, now);
+      // Keep the pages only when nothing is left to wait for (a warp never
+      // waits while it holds a page).
+      const bool keep = todo == 0;
+      const unsigned token = __reduce_or_sync(mask, now && hit ? dependency_token(first_word(result), a_.cache.zero) : 0u);
+      if (now && in_range && hit) {
+        if (keep) {
+          key_ = key;
+          slot_ = slot;
+          owner_ = lane == leader;
+        } else if (lane == leader) {
+          a_.cache.release_read(r.slot, token);
+        }
+      }
+      if (now && lane == leader) r.phase = page_phase::idle;
+      if (todo == 0) return result;
+    }
+  }
+
   array_ref<T> a_;
   std::uint64_t key_ = ~0ull; //!< the page this lane uses, if held by its group
   std::uint32_t slot_ = 0;
   bool owner_ = false; //!< this lane holds the group's pin
 };
-
-template <class T>
-BAM_DEVICE const T array_reader<T>::operator[](std::uint64_t i) {
-  using namespace detail;
-  const unsigned mask = __activemask();
-  const bool in_range = i < a_.n;
-  const std::uint64_t key = in_range ? a_.key_of(i) : ~0ull;
-  if (__all_sync(mask, in_range && key == key_)) return load_uncached(a_.element(slot_, i));
-  // Some lane moved to another page: let every held page go first (no
-  // waiting while holding), then take the new ones.
-  const unsigned lane = lane_id();
-  release();
-  const unsigned peers = same_value_lanes(mask, key);
-  const unsigned leader = __ffs(peers) - 1;
-  page_request r;
-  if (lane == leader && in_range) {
-    r.key = key;
-    r.phase = page_phase::lookup;
-    a_.cache.try_pin(r);
-  }
-  T result{};
-  unsigned todo = mask;
-  for (;;) {
-    if (__any_sync(mask, !r.settled())) a_.cache.resolve(r, mask, true);
-    const unsigned ph = __shfl_sync(mask, static_cast<unsigned>(r.phase), leader);
-    const std::uint32_t slot = __shfl_sync(mask, r.slot, leader);
-    const std::uint16_t st = static_cast<std::uint16_t>(__shfl_sync(mask, static_cast<unsigned>(r.status), leader));
-    const bool hit = ph == static_cast<unsigned>(page_phase::hit);
-    const bool now = ((todo >> lane) & 1u) && (!in_range || hit || ph == static_cast<unsigned>(page_phase::failed));
-    if (now) {
-      if (!in_range) a_.fail(nvme::status_out_of_range, i);
-      else if (!hit) {
-        if (lane == leader) a_.fail(nvme::status(st), i);
-      } else result = load_uncached(a_.element(slot, i));
-    }
-    todo &= ~__ballot_sync(mask, now);
-    // Keep the pages only when nothing is left to wait for.
-    const bool keep = todo == 0;
-    __syncwarp(mask);
-    if (now && in_range && hit) {
-      if (keep) {
-        key_ = key;
-        slot_ = slot;
-        owner_ = lane == leader;
-      } else if (lane == leader) {
-        a_.cache.release(r.slot);
-      }
-    }
-    if (now && lane == leader) r.phase = page_phase::idle;
-    if (todo == 0) return result;
-  }
-}
 
 } // namespace bam

@@ -117,6 +117,18 @@ struct space_ref {
   BAM_HD std::uint64_t lba_of(std::uint64_t p) const { return base_lba + (p / nctrl) * blocks_per_page; }
 };
 
+//! What the hit path found.
+enum class pin_state : std::uint32_t {
+  miss,    //!< not in the cache
+  hit,     //!< pinned, valid
+  loading, //!< pinned, another lane is loading it
+  retry,   //!< it changed while being pinned: look again
+};
+struct pin_result {
+  std::uint32_t slot;
+  pin_state state;
+};
+
 //! Trivially copyable device handle to a page cache.
 struct page_cache_ref {
   std::uint8_t* data = nullptr;
@@ -130,6 +142,8 @@ struct page_cache_ref {
   std::uint32_t ways = 0;
   std::uint32_t page_shift = 0;
   std::uint64_t timeout_ns = nvme::default_queue_timeout_ns;
+  //! Always 0; the compiler cannot know it (see `detail::dependency_token`).
+  std::uint32_t zero = 0;
 
   BAM_HD static std::uint64_t make_key(std::uint32_t space, std::uint64_t page) {
     return (static_cast<std::uint64_t>(space) << detail::key_page_bits) | page;
@@ -137,16 +151,27 @@ struct page_cache_ref {
   BAM_DEVICE std::uint8_t* page_data(std::uint32_t slot) const {
     return data + (static_cast<std::uint64_t>(slot) << page_shift);
   }
-  BAM_DEVICE std::uint64_t set_of(std::uint64_t key) const { return detail::mix64(key) % nsets; }
+  //! The set of a page: a multiply instead of a 64-bit modulo (nsets < 2^32).
+  BAM_DEVICE std::uint64_t set_of(std::uint64_t key) const {
+    return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(detail::mix64(key))) * nsets) >> 32;
+  }
 
-  //! Drop a pin (after the data use; release order).
+  //! Drop a pin after writing the page's data (release order: the data first).
   BAM_DEVICE void release(std::uint32_t slot) const {
     detail::dev_atomic<std::uint64_t>(slots[slot]).fetch_sub(1, cuda::memory_order_release);
   }
+  //! Drop a pin after reading the page's data: `token` (0) was computed from
+  //! the values read (`detail::dependency_token`), so the unpin is issued only
+  //! after they arrived, and needs no fence.
+  BAM_DEVICE void release_read(std::uint32_t slot, unsigned token) const {
+    detail::dev_atomic<std::uint64_t>(slots[slot]).fetch_sub(1ull + token, cuda::memory_order_relaxed);
+  }
 
-  //! The hit path: pin the page of `r.key` if it is in the cache. Sets
-  //! `r.phase` to hit, pinned_wait (another lane loads it) or lookup (retry,
-  //! or a miss: `try_pin` returns false).
+  //! The hit path: pin the page of `key` if it is in the cache (one round
+  //! trip to read its set, one atomic add). No page_request, no fence.
+  BAM_DEVICE pin_result pin(std::uint64_t key, bool for_write) const;
+  //! `pin` for a request: sets `r.phase` to hit, pinned_wait (another lane
+  //! loads it) or lookup (retry, or a miss: returns false).
   BAM_DEVICE bool try_pin(detail::page_request& r) const;
 
   //! Drive the requests of the lanes of `mask` (converged) until every one
@@ -176,31 +201,55 @@ BAM_DEVICE inline void page_cache_ref::count(unsigned which) const {
       .fetch_add(1, cuda::memory_order_relaxed);
 }
 
-BAM_DEVICE inline bool page_cache_ref::try_pin(detail::page_request& r) const {
+BAM_DEVICE inline pin_result page_cache_ref::pin(std::uint64_t key, bool for_write) const {
   using namespace detail;
-  const std::uint64_t tag = r.key + 1;
-  const std::uint64_t base = set_of(r.key) * ways;
-  for (std::uint32_t w = 0; w < ways; ++w) {
+  const std::uint64_t tag = key + 1;
+  const std::uint64_t base = set_of(key) * ways;
+  // The set's state words are read together (one round trip), then scanned.
+  constexpr std::uint32_t batch = 8;
+  for (std::uint32_t w0 = 0; w0 < ways; w0 += batch) {
+    std::uint64_t words[batch];
+#pragma unroll
+    for (std::uint32_t k = 0; k < batch; ++k)
+      words[k] = w0 + k < ways ? dev_atomic<std::uint64_t>(slots[base + w0 + k]).load(cuda::memory_order_relaxed) : 0;
+    std::uint32_t w = ~0u;
+#pragma unroll
+    for (std::uint32_t k = 0; k < batch; ++k)
+      if (w == ~0u && (words[k] >> slot_tag_shift) == tag && (words[k] & slot_error) == 0) w = w0 + k;
+    if (w == ~0u) continue;
+    // One atomic add pins it (never retried like a compare-and-swap); if the
+    // slot changed since it was read, the add is taken back.
     dev_atomic<std::uint64_t> st(slots[base + w]);
-    std::uint64_t word = st.load(cuda::memory_order_relaxed);
-    while ((word >> slot_tag_shift) == tag && (word & slot_error) == 0) {
-      if ((word & slot_pin_mask) == slot_pin_mask) { // saturated: look again later
-        r.phase = page_phase::lookup;
-        return true;
-      }
-      if (st.compare_exchange_weak(word, (word + 1) | slot_referenced, cuda::memory_order_acquire)) {
-        r.slot = static_cast<std::uint32_t>(base + w);
-        if (word & slot_valid) {
-          if (r.for_write && (word & slot_dirty) == 0) st.fetch_or(slot_dirty, cuda::memory_order_relaxed);
-          r.phase = page_phase::hit;
-        } else {
-          r.phase = page_phase::pinned_wait;
-        }
-        return true;
-      }
+    const std::uint64_t old = st.fetch_add(1, cuda::memory_order_relaxed);
+    if ((old >> slot_tag_shift) != tag || (old & slot_error) != 0 || (old & slot_pin_mask) == slot_pin_mask) {
+      st.fetch_sub(1, cuda::memory_order_relaxed);
+      return {0, pin_state::retry};
     }
+    if ((old & slot_referenced) == 0) st.fetch_or(slot_referenced, cuda::memory_order_relaxed);
+    // Relaxed: the slot index carries a dependency on the pinned word, so the
+    // data is read only after the pin is in place (and the page valid).
+    const std::uint32_t slot = static_cast<std::uint32_t>(base + w) + dependency_token(static_cast<unsigned>(old), zero);
+    if ((old & slot_valid) == 0) return {slot, pin_state::loading};
+    if (for_write && (old & slot_dirty) == 0) st.fetch_or(slot_dirty, cuda::memory_order_relaxed);
+    return {slot, pin_state::hit};
   }
-  return false;
+  return {0, pin_state::miss};
+}
+
+BAM_DEVICE inline bool page_cache_ref::try_pin(detail::page_request& r) const {
+  const pin_result p = pin(r.key, r.for_write);
+  switch (p.state) {
+  case pin_state::hit:
+    r.slot = p.slot;
+    r.phase = detail::page_phase::hit;
+    return true;
+  case pin_state::loading:
+    r.slot = p.slot;
+    r.phase = detail::page_phase::pinned_wait;
+    return true;
+  case pin_state::retry: r.phase = detail::page_phase::lookup; return true;
+  default: return false;
+  }
 }
 
 BAM_DEVICE inline void page_cache_ref::pass_turn(const detail::page_request& r) const {
@@ -235,11 +284,18 @@ BAM_DEVICE inline bool page_cache_ref::claim_victim(detail::page_request& r) con
       return true;
     }
   }
-  dev_atomic<std::uint32_t> hand(sets[set].hand);
+  // Only the holder of the set's turn moves the hand: one load, one store.
+  dev_atomic<std::uint32_t> hand_ref(sets[set].hand);
+  std::uint32_t hand = hand_ref.load(cuda::memory_order_relaxed);
+  struct store_hand {
+    dev_atomic<std::uint32_t>& ref;
+    std::uint32_t& value;
+    BAM_DEVICE ~store_hand() { ref.store(value, cuda::memory_order_relaxed); }
+  } keep_hand{hand_ref, hand};
   std::int64_t dirty = -1;
   bool waitable = false; // something will free up: pinned or busy slots
   for (std::uint32_t i = 0; i < 2 * ways; ++i) {
-    const std::uint64_t s = base + hand.fetch_add(1, cuda::memory_order_relaxed) % ways;
+    const std::uint64_t s = base + hand++ % ways;
     dev_atomic<std::uint64_t> st(slots[s]);
     std::uint64_t word = st.load(cuda::memory_order_relaxed);
     if ((word & slot_pin_mask) != 0 || (word & slot_busy) != 0) {
@@ -345,8 +401,9 @@ BAM_DEVICE inline bool page_cache_ref::step(detail::page_request& r) const {
     r.phase = page_phase::wait_turn;
     [[fallthrough]];
   case page_phase::wait_turn:
-    if (dev_atomic<std::uint32_t>(sets[set_of(r.key)].serving).load(cuda::memory_order_acquire) != r.turn)
+    if (dev_atomic<std::uint32_t>(sets[set_of(r.key)].serving).load(nvme::detail::poll_order()) != r.turn)
       return false;
+    nvme::detail::acquire_fence();
     r.phase = page_phase::have_turn;
     if (r.doomed) {
       pass_turn(r);
@@ -357,7 +414,9 @@ BAM_DEVICE inline bool page_cache_ref::step(detail::page_request& r) const {
     [[fallthrough]];
   case page_phase::have_turn: return claim_victim(r);
   case page_phase::pinned_wait: {
-    const std::uint64_t word = dev_atomic<std::uint64_t>(slots[r.slot]).load(cuda::memory_order_acquire);
+    const std::uint64_t word = dev_atomic<std::uint64_t>(slots[r.slot]).load(nvme::detail::poll_order());
+    if ((word & (slot_valid | slot_error)) == 0) return false;
+    nvme::detail::acquire_fence(); // the page's data (or status) after its state
     if (word & slot_valid) {
       if (r.for_write && (word & slot_dirty) == 0)
         dev_atomic<std::uint64_t>(slots[r.slot]).fetch_or(slot_dirty, cuda::memory_order_relaxed);

@@ -83,6 +83,16 @@ struct io_slot {
   }
 };
 
+//! Build the lane's command (PRPs in its command id's list) and write its entry.
+BAM_DEVICE BAM_NOINLINE inline void write_command(io_slot& s) {
+  const nvme::queue_pair_ref& q = s.q();
+  const nvme::command cmd = s.op == nvme::nvm_opcode::flush
+                                ? nvme::make_flush(s.qs->nsid)
+                                : s.qs->build_rw(s.op, s.lba, s.nblocks, s.page_bus, s.offset, s.queue, q.cid_of(s.ticket));
+  q.write_entry(s.ticket, cmd);
+  s.state = io_state::submitted;
+}
+
 //! One round of the warp's I/O (see the file comment). All lanes of `mask`
 //! call it, converged. Returns true on every lane if any lane's command moved.
 BAM_DEVICE inline bool warp_io_step(io_slot& s, unsigned mask) {
@@ -110,18 +120,10 @@ BAM_DEVICE inline bool warp_io_step(io_slot& s, unsigned mask) {
 
   // 2. Entries whose ticket may be used; one fence and doorbell per queue.
   bool wrote = false;
-  if (s.state == io_state::reserved) {
-    const nvme::queue_pair_ref& q = s.q();
-    if (q.slot_free(s.ticket)) {
-      const nvme::command cmd =
-          s.op == nvme::nvm_opcode::flush
-              ? nvme::make_flush(s.qs->nsid)
-              : s.qs->build_rw(s.op, s.lba, s.nblocks, s.page_bus, s.offset, s.queue, q.cid_of(s.ticket));
-      q.write_entry(s.ticket, cmd);
-      s.state = io_state::submitted;
-      wrote = true;
-      moved = true;
-    }
+  if (s.state == io_state::reserved && s.q().slot_free(s.ticket)) {
+    write_command(s);
+    wrote = true;
+    moved = true;
   }
   const unsigned writers = __ballot_sync(mask, wrote);
   if (wrote) {
@@ -248,20 +250,11 @@ BAM_DEVICE inline std::uint32_t queue_set_ref::pick_queue() const {
 #endif
 }
 
-BAM_DEVICE inline nvme::status queue_set_ref::read(std::uint64_t lba, std::uint32_t n, const std::uint64_t* page_bus,
-                                                   std::uint64_t offset) const {
+BAM_DEVICE inline nvme::status queue_set_ref::io(nvme::nvm_opcode op, std::uint64_t lba, std::uint32_t n,
+                                                 const std::uint64_t* page_bus, std::uint64_t offset) const {
   const unsigned mask = __activemask();
   detail::io_slot s;
-  s.start_rw(*this, nvme::nvm_opcode::read, lba, n, page_bus, offset);
-  detail::warp_io_run(s, mask, queues[0].timeout_ns);
-  return nvme::status(s.status);
-}
-
-BAM_DEVICE inline nvme::status queue_set_ref::write(std::uint64_t lba, std::uint32_t n, const std::uint64_t* page_bus,
-                                                    std::uint64_t offset) const {
-  const unsigned mask = __activemask();
-  detail::io_slot s;
-  s.start_rw(*this, nvme::nvm_opcode::write, lba, n, page_bus, offset);
+  s.start_rw(*this, op, lba, n, page_bus, offset);
   detail::warp_io_run(s, mask, queues[0].timeout_ns);
   return nvme::status(s.status);
 }

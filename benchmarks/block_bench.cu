@@ -1,0 +1,431 @@
+// SPDX-License-Identifier: MIT
+// block_bench: bam's block benchmark — throughput, latency and hit rate of
+// GPU-initiated I/O on any transport, next to ceilings and baselines
+// measured in the same run. Every mode checks the data it reads against a
+// pattern derived from the address (the media is filled with it first).
+//
+//   block_bench --device emu-gpu:null=64G --mode raw --io-size 512            # commands/s of the queue path
+//   block_bench --device emu-gpu:ram=8G --mode range --io-size 4096 --compare # 4 KiB random reads vs zero-copy
+//   block_bench --mode element --working-set-mib 512 --cache-mib 1024         # cache hits, element access
+//   block_bench --device /dev/bam-nvme0 --mode raw --op mix --read-percent 70 --json out.json
+//
+// Modes: raw (GPU threads issue NVMe commands straight through the queues,
+// no cache), element (a[i], 32 lanes on consecutive elements of a page),
+// reader (the same through a page-holding reader), range (a warp copies
+// whole pages with copy_to). In the array modes --io-size is the page size.
+#include "detail/bench_kernels.cuh"
+#include "detail/host_baselines.hpp"
+
+#include <bam/bam.cuh>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct options {
+  std::vector<std::string> devices;
+  std::string mode = "raw";
+  std::string access = "random";
+  std::string op = "read";
+  std::uint32_t read_percent = 70;
+  std::uint32_t io_size = 4096;
+  std::uint64_t threads = 262144;
+  unsigned block_threads = 256;
+  std::uint32_t queues = 128;
+  std::uint32_t depth = 256;
+  std::uint32_t ssds = 1;
+  std::size_t cache_mib = 1024;
+  std::size_t working_set_mib = 0; //!< array modes: bytes the accesses range over (0: the whole storage)
+  double seconds = 0.5;            //!< target time of one timed repetition
+  int reps = 3;
+  bool compare = false;
+  bool verify = true;
+  std::string json;
+  std::string commit;
+  std::string file = "/tmp/bam-bench.img";
+  std::size_t file_mib = 4096;
+  unsigned host_threads = 32;
+  bool quiet = false;
+};
+
+struct run_result {
+  nlohmann::json j;
+  double ops_per_s = 0;
+};
+
+std::string gpu_name(int* driver) {
+  cudaDeviceProp p{};
+  int d = 0;
+  cudaGetDevice(&d);
+  cudaGetDeviceProperties(&p, d);
+  cudaDriverGetVersion(driver);
+  return p.name;
+}
+
+//! Percentile (0..1) of a latency histogram, in microseconds.
+double percentile_us(const unsigned long long* hist, double q) {
+  unsigned long long total = 0;
+  for (int i = 0; i < bench::latency_buckets; ++i) total += hist[i];
+  if (total == 0) return 0;
+  const double want = q * static_cast<double>(total);
+  unsigned long long seen = 0;
+  for (int i = 0; i < bench::latency_buckets; ++i) {
+    if (seen + hist[i] >= want) {
+      const double lo = bench::latency_bucket_ns(i), hi = bench::latency_bucket_ns(i + 1);
+      const double frac = hist[i] ? (want - seen) / static_cast<double>(hist[i]) : 0;
+      return (lo + frac * (hi - lo)) / 1000.0;
+    }
+    seen += hist[i];
+  }
+  return bench::latency_bucket_ns(bench::latency_buckets - 1) / 1000.0;
+}
+
+//! Time `launch(ops_per_thread)`: a calibration run picks the operation count
+//! for about `o.seconds` a repetition; the median of `o.reps` is reported.
+template <class Launch>
+std::pair<double, bench::stats> timed(const options& o, Launch&& launch, std::uint32_t& ops_per_thread) {
+  bam::device_buffer<bench::stats> st(1);
+  auto once = [&](std::uint32_t ops) {
+    BAM_CUDA_TRY(cudaMemset(st.get(), 0, sizeof(bench::stats)));
+    cudaEvent_t a, b;
+    BAM_CUDA_TRY(cudaEventCreate(&a));
+    BAM_CUDA_TRY(cudaEventCreate(&b));
+    BAM_CUDA_TRY(cudaEventRecord(a));
+    launch(ops, st.get());
+    BAM_CUDA_TRY(cudaGetLastError());
+    BAM_CUDA_TRY(cudaEventRecord(b));
+    BAM_CUDA_TRY(cudaEventSynchronize(b));
+    float ms = 0;
+    BAM_CUDA_TRY(cudaEventElapsedTime(&ms, a, b));
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    bench::stats s{};
+    bam::copy_to_host(&s, st.get(), 1);
+    return std::pair<double, bench::stats>{ms / 1000.0, s};
+  };
+  std::uint32_t ops = std::max<std::uint32_t>(ops_per_thread, 1);
+  // Calibrate (also the warm-up: lazy module loading, first misses).
+  for (int i = 0; i < 6; ++i) {
+    const auto [t, s] = once(ops);
+    if (t >= o.seconds / 4 || ops >= (1u << 20)) {
+      ops = static_cast<std::uint32_t>(std::clamp(ops * o.seconds / std::max(t, 1e-6), 1.0, double(1u << 22)));
+      break;
+    }
+    ops *= 8;
+  }
+  std::vector<std::pair<double, bench::stats>> runs;
+  for (int r = 0; r < o.reps; ++r) {
+    runs.push_back(once(ops));
+    if (!o.quiet) std::fprintf(stderr, "\r  repetition %d/%d: %.3f s   ", r + 1, o.reps, runs.back().first);
+  }
+  if (!o.quiet) std::fprintf(stderr, "\r%60s\r", "");
+  std::sort(runs.begin(), runs.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  ops_per_thread = ops;
+  return runs[runs.size() / 2];
+}
+
+void fill_storage(const bam::storage& s) {
+  const auto& engines = s.gpu_engines();
+  for (std::uint32_t c = 0; c < s.controller_count(); ++c) {
+    const std::uint64_t bytes = s.blocks_per_controller() * s.lba_size();
+    if (c < engines.size()) {
+      const auto r = engines[c]->ref();
+      if (r.media == nullptr) continue; // null media: nothing to fill
+      bench::fill_kernel<<<4096, 256>>>(reinterpret_cast<std::uint32_t*>(r.media), bytes / 4, c, 0);
+      BAM_CUDA_TRY(cudaGetLastError());
+      BAM_CUDA_TRY(cudaDeviceSynchronize());
+    } else {
+      std::vector<std::uint32_t> buf((8u << 20) / 4);
+      for (std::uint64_t off = 0; off < bytes; off += buf.size() * 4) {
+        const std::uint64_t n = std::min<std::uint64_t>(buf.size() * 4, bytes - off);
+        for (std::uint64_t k = 0; k < n / 4; ++k) buf[k] = bench::pattern_word(c, off + 4 * k);
+        s.write_media(c, off, buf.data(), n);
+      }
+    }
+  }
+}
+
+run_result run_device(const options& o, const std::string& dev) {
+  bam::storage s(dev);
+  const bool data = s.spec().kind != bam::device_kind::pci && s.spec().media != bam::media_kind::null;
+  if (data) fill_storage(s);
+  bench::workload w;
+  w.unit_bytes = o.io_size;
+  w.read_percent = o.op == "read" ? 100 : o.op == "write" ? 0 : o.read_percent;
+  w.sequential = o.access == "sequential";
+  w.verify = (o.verify && data) ? 1 : 0;
+  w.seed = 12345;
+  const std::uint32_t nctrl = s.controller_count();
+  const std::uint64_t storage_bytes = s.blocks_per_controller() * s.lba_size() * nctrl;
+  nlohmann::json j;
+  j["device"] = dev;
+  j["transport"] = s.transport_name();
+  j["mode"] = o.mode;
+  j["op"] = o.op;
+  if (o.op == "mix") j["read_percent"] = w.read_percent;
+  j["access"] = o.access;
+  j["io_bytes"] = o.io_size;
+  j["controllers"] = nctrl;
+  j["queues_per_controller"] = s.ref(0).nqueues;
+  j["queue_depth"] = s.controller_at(0).io_queue_depth();
+  j["verified"] = w.verify != 0;
+  unsigned blocks = static_cast<unsigned>((o.threads + o.block_threads - 1) / o.block_threads);
+  // Raw mode: one buffer slot of io_size bytes per thread, 4 GiB at most; for
+  // huge commands, fewer threads (still far more than the queues hold).
+  const std::uint64_t max_slots = std::max<std::uint64_t>(o.block_threads, (4ull << 30) / o.io_size);
+  if (o.mode == "raw" && std::uint64_t{blocks} * o.block_threads > max_slots)
+    blocks = static_cast<unsigned>(max_slots / o.block_threads);
+  const std::uint64_t threads = std::uint64_t{blocks} * o.block_threads;
+  j["threads"] = threads;
+  std::uint32_t ops = 1;
+  std::pair<double, bench::stats> r;
+  double units_per_op = 1; // pages or commands counted per stats op
+  std::optional<bam::page_cache> cache;
+  if (o.mode == "raw") {
+    w.span_units = storage_bytes / nctrl / o.io_size;
+    const std::uint64_t slots = threads; // one buffer slot per thread
+    const std::size_t bytes = (slots * o.io_size + bam::gpu_page_size - 1) / bam::gpu_page_size * bam::gpu_page_size;
+    bam::detail::aligned_device_memory buf(bytes, bam::gpu_page_size);
+    auto map = s.map(buf.data(), buf.size());
+    j["buffer_slots"] = slots;
+    j["in_flight_max"] = std::min<std::uint64_t>(threads, std::uint64_t{nctrl} * s.ref(0).nqueues *
+                                                            (s.controller_at(0).io_queue_depth() - 1));
+    r = timed(
+        o,
+        [&](std::uint32_t n, bench::stats* st) {
+          w.ops_per_thread = n;
+          bench::raw_kernel<<<blocks, o.block_threads>>>(s.device_refs(), nctrl, map->bus_tables(), buf.data(),
+                                                          slots, w, data, st);
+        },
+        ops);
+  } else {
+    const std::uint64_t ws = o.working_set_mib ? std::min<std::uint64_t>(std::uint64_t{o.working_set_mib} << 20, storage_bytes)
+                                               : storage_bytes;
+    cache.emplace(bam::page_cache_config{.page_size = o.io_size, .capacity = o.cache_mib << 20});
+    bam::array<std::uint32_t> a(*cache, s, ws / 4);
+    w.span_units = ws / o.io_size;
+    const std::uint64_t warps = threads / 32;
+    bam::device_buffer<std::uint32_t> scratch(o.mode == "range" ? warps * (o.io_size / 4) : 1);
+    j["cache_bytes"] = cache->slot_count() * o.io_size;
+    j["working_set_bytes"] = ws;
+    j["in_flight_max"] = warps;
+    const auto before = cache->counters();
+    std::uint64_t launched_pages = 0;
+    r = timed(
+        o,
+        [&](std::uint32_t n, bench::stats* st) {
+          w.ops_per_thread = n;
+          launched_pages += warps * n;
+          if (o.mode == "element")
+            bench::array_kernel<bench::array_mode::element><<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
+          else if (o.mode == "reader")
+            bench::array_kernel<bench::array_mode::reader><<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
+          else
+            bench::array_kernel<bench::array_mode::range><<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
+        },
+        ops);
+    a.check();
+    const auto after = cache->counters();
+    // Hit rate over every run (calibration included): 1 - pages loaded / pages visited.
+    j["hit_rate"] = 1.0 - static_cast<double>(after.misses - before.misses) / static_cast<double>(launched_pages);
+    j["writebacks"] = after.writebacks - before.writebacks;
+    j["accesses_per_s"] = static_cast<double>(r.second.ops) * (o.io_size / 4) / r.first;
+  }
+  const double ops_per_s = static_cast<double>(r.second.ops) * units_per_op / r.first;
+  j["ops_per_thread"] = ops;
+  j["seconds"] = r.first;
+  j["ops"] = r.second.ops;
+  j["ops_per_s"] = ops_per_s;
+  j["GB_per_s"] = ops_per_s * o.io_size / 1e9;
+  j["latency_us"] = {{"p50", percentile_us(r.second.hist, 0.50)},
+                     {"p99", percentile_us(r.second.hist, 0.99)},
+                     {"p999", percentile_us(r.second.hist, 0.999)}};
+  j["bad_words"] = r.second.bad;
+  j["errors"] = r.second.errors;
+  if (r.second.bad != 0 || r.second.errors != 0)
+    std::fprintf(stderr, "block_bench: %s: %llu wrong words, %llu failed operations\n", dev.c_str(), r.second.bad,
+                 r.second.errors);
+  return {j, ops_per_s};
+}
+
+//! A gather ceiling: random `io` blocks from pinned host memory or GPU memory.
+nlohmann::json gather_ceiling(const options& o, bool host, std::uint64_t bytes) {
+  std::uint8_t* mem = nullptr;
+  std::optional<bam::pinned_buffer<std::uint8_t>> pinned;
+  std::optional<bam::device_buffer<std::uint8_t>> device;
+  if (host) {
+    pinned.emplace(bytes);
+    mem = pinned->get();
+  } else {
+    device.emplace(bytes);
+    mem = device->get();
+  }
+  bench::fill_kernel<<<4096, 256>>>(reinterpret_cast<std::uint32_t*>(mem), bytes / 4, 0, 0);
+  BAM_CUDA_TRY(cudaDeviceSynchronize());
+  bench::workload w;
+  w.unit_bytes = o.io_size;
+  w.verify = o.verify;
+  w.sequential = o.access == "sequential";
+  const unsigned blocks = static_cast<unsigned>((o.threads + o.block_threads - 1) / o.block_threads);
+  std::uint32_t ops = 1;
+  const auto r = timed(
+      o,
+      [&](std::uint32_t n, bench::stats* st) {
+        w.ops_per_thread = n;
+        bench::gather_kernel<<<blocks, o.block_threads>>>(mem, bytes / o.io_size, w, st);
+      },
+      ops);
+  const double ops_per_s = static_cast<double>(r.second.ops) / r.first;
+  return {{"what", host ? "GPU zero-copy random gather from pinned host memory" : "random gather inside GPU memory (HBM)"},
+          {"bytes", bytes},
+          {"io_bytes", o.io_size},
+          {"ops_per_s", ops_per_s},
+          {"GB_per_s", ops_per_s * o.io_size / 1e9},
+          {"bad_words", r.second.bad}};
+}
+
+nlohmann::json memcpy_ceiling() {
+  const std::size_t bytes = 1ull << 30;
+  bam::pinned_buffer<std::uint8_t> h(bytes);
+  bam::device_buffer<std::uint8_t> d(bytes);
+  double best = 1e30;
+  for (int i = 0; i < 4; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    BAM_CUDA_TRY(cudaMemcpy(d.get(), h.get(), bytes, cudaMemcpyHostToDevice));
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return {{"what", "cudaMemcpy pinned host to GPU, 1 GiB"}, {"GB_per_s", bytes / best / 1e9}};
+}
+
+nlohmann::json host_json(const char* what, const bench::host_result& r, std::uint32_t io) {
+  nlohmann::json j{{"what", what}, {"ran", r.ran}, {"io_bytes", io}};
+  if (!r.ran) j["skipped"] = r.why_not;
+  else {
+    j["ops_per_s"] = r.ops_per_s;
+    j["GB_per_s"] = r.gb_per_s;
+    j["ops"] = r.ops;
+    j["bad_words"] = r.bad;
+    if (!r.why_not.empty()) j["note"] = r.why_not;
+  }
+  return j;
+}
+
+void print_row(const nlohmann::json& j) {
+  const double lat50 = j.contains("latency_us") ? j["latency_us"]["p50"].get<double>() : 0;
+  const double lat99 = j.contains("latency_us") ? j["latency_us"]["p99"].get<double>() : 0;
+  const double lat999 = j.contains("latency_us") ? j["latency_us"]["p999"].get<double>() : 0;
+  std::string hit = j.contains("hit_rate") ? std::to_string(static_cast<int>(std::lround(j["hit_rate"].get<double>() * 100))) + "%" : "-";
+  std::printf("%-44s %-7s %-5s %7u %8llu %9.2f %8.2f %5s %8.1f %8.1f %8.1f\n", j["device"].get<std::string>().c_str(),
+              j["mode"].get<std::string>().c_str(), j["op"].get<std::string>().c_str(), j["io_bytes"].get<unsigned>(),
+              static_cast<unsigned long long>(j["threads"].get<std::uint64_t>()), j["ops_per_s"].get<double>() / 1e6,
+              j["GB_per_s"].get<double>(), hit.c_str(), lat50, lat99, lat999);
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bam block benchmark: GPU-initiated I/O on any transport, with ceilings from the same run"};
+  options o;
+  app.add_option("--device", o.devices, "device strings (default: emu-gpu:null=64G with --queues/--depth/--ssds)");
+  app.add_option("--mode", o.mode, "raw | element | reader | range")->check(CLI::IsMember({"raw", "element", "reader", "range"}));
+  app.add_option("--access", o.access, "random | sequential")->check(CLI::IsMember({"random", "sequential"}));
+  app.add_option("--op", o.op, "read | write | mix")->check(CLI::IsMember({"read", "write", "mix"}));
+  app.add_option("--read-percent", o.read_percent, "reads in a mix")->check(CLI::Range(0u, 100u));
+  app.add_option("--io-size", o.io_size, "bytes per command (raw) or page size (array modes)")
+      ->check(CLI::Range(512u, 1u << 20));
+  app.add_option("--threads", o.threads, "GPU threads")->check(CLI::Range(32ull, 1ull << 26));
+  app.add_option("--block-threads", o.block_threads, "threads per block")->check(CLI::Range(32u, 1024u));
+  app.add_option("--queues", o.queues, "I/O queue pairs per controller (default device)");
+  app.add_option("--depth", o.depth, "entries per queue (default device)");
+  app.add_option("--ssds", o.ssds, "controllers (default device)");
+  app.add_option("--cache-mib", o.cache_mib, "page cache size (array modes)");
+  app.add_option("--working-set-mib", o.working_set_mib, "bytes the array accesses range over (array modes; 0: all)");
+  app.add_option("--seconds", o.seconds, "target time of one repetition");
+  app.add_option("--reps", o.reps, "timed repetitions (the median is reported)")->check(CLI::Range(1, 100));
+  app.add_flag("--compare", o.compare, "also measure the ceilings and baselines (same sizes, same run)");
+  app.add_flag("!--no-verify", o.verify, "do not check the data read");
+  app.add_option("--json", o.json, "write the results here as JSON");
+  app.add_option("--commit", o.commit, "commit id recorded in the JSON (default: $BAM_COMMIT)");
+  app.add_option("--file", o.file, "file for the pread and KvikIO baselines");
+  app.add_option("--file-mib", o.file_mib, "size of that file");
+  app.add_option("--host-threads", o.host_threads, "threads of the pread baseline");
+  app.add_flag("--quiet", o.quiet, "no progress line");
+  CLI11_PARSE(app, argc, argv);
+  if (o.commit.empty()) o.commit = std::getenv("BAM_COMMIT") ? std::getenv("BAM_COMMIT") : "unknown";
+  if (o.devices.empty())
+    o.devices = {"emu-gpu:null=64G,queues=" + std::to_string(o.queues) + ",depth=" + std::to_string(o.depth) +
+                 ",ssds=" + std::to_string(o.ssds)};
+  try {
+    nlohmann::json out;
+    int driver = 0;
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    out["benchmark"] = "block_bench";
+    out["gpu"] = gpu_name(&driver);
+    out["driver"] = driver;
+    out["cuda_runtime"] = CUDART_VERSION;
+    out["machine"] = host;
+    out["commit"] = o.commit;
+    const std::time_t now = std::time(nullptr);
+    char date[64];
+    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    out["date"] = date;
+    std::printf("%-44s %-7s %-5s %7s %8s %9s %8s %5s %8s %8s %8s\n", "device", "mode", "op", "bytes", "threads", "Mops/s",
+                "GB/s", "hit", "p50 us", "p99 us", "p99.9us");
+    for (const auto& d : o.devices) {
+      const run_result r = run_device(o, d);
+      print_row(r.j);
+      out["results"].push_back(r.j);
+    }
+    if (o.compare) {
+      const std::uint64_t gather_bytes = std::max<std::uint64_t>(4ull << 30, std::uint64_t{o.io_size} * 1024);
+      nlohmann::json c;
+      c.push_back(gather_ceiling(o, true, gather_bytes));
+      c.push_back(gather_ceiling(o, false, gather_bytes));
+      c.push_back(memcpy_ceiling());
+      const std::uint64_t file_bytes = std::uint64_t{o.file_mib} << 20;
+      const std::string why = bench::prepare_file(o.file, file_bytes);
+      const std::uint64_t host_ops = 200'000;
+      if (!why.empty()) {
+        bench::host_result skip;
+        skip.why_not = why;
+        c.push_back(host_json("POSIX pread (thread pool) + cudaMemcpy", skip, o.io_size));
+        c.push_back(host_json("KvikIO pread into GPU memory", skip, o.io_size));
+      } else {
+        c.push_back(host_json("POSIX pread (thread pool) + cudaMemcpy",
+                              bench::pread_baseline(o.file, file_bytes, o.io_size, o.host_threads, host_ops), o.io_size));
+        c.push_back(host_json("KvikIO pread into GPU memory",
+                              bench::kvikio_baseline(o.file, file_bytes, o.io_size, 64, host_ops), o.io_size));
+      }
+      out["ceilings"] = c;
+      std::printf("\nceilings and baselines, same run (%u-byte units):\n", o.io_size);
+      for (const auto& x : c) {
+        if (x.contains("skipped")) std::printf("  %-56s skipped: %s\n", x["what"].get<std::string>().c_str(), x["skipped"].get<std::string>().c_str());
+        else if (x.contains("ops_per_s"))
+          std::printf("  %-56s %9.2f Mops/s %8.2f GB/s\n", x["what"].get<std::string>().c_str(), x["ops_per_s"].get<double>() / 1e6,
+                      x["GB_per_s"].get<double>());
+        else std::printf("  %-56s %27.2f GB/s\n", x["what"].get<std::string>().c_str(), x["GB_per_s"].get<double>());
+      }
+    }
+    if (!o.json.empty()) {
+      std::ofstream f(o.json);
+      f << out.dump(2) << "\n";
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}
