@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
 # The package test: bam used by a project outside its tree, as users do.
-#   run.sh BUILD_DIR
+#   run.sh BUILD_DIR          install BUILD_DIR into a temporary prefix first
+#   run.sh --installed PREFIX bam as installed there (e.g. /usr by the Debian packages)
 # For each CMake in BAM_PACKAGE_TEST_CMAKES (colon-separated; default: the
 # cmake on PATH) and each way of using bam (find_package on an installed copy,
 # add_subdirectory of the source tree), configure, build and run the consumer:
 # a .cu and a .cpp file in one target where nvcc exists (BAM_PACKAGE_TEST_NVCC
 # or PATH), else the .cpp file alone. Then the same consumer through pkg-config.
 set -euo pipefail
-build=$1
+installed=""
+if [ "$1" = --installed ]; then installed=$2; else build=$1; fi
 src=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$src/../.." && pwd)
 work=$(mktemp -d)
@@ -22,7 +24,8 @@ if [ -n "$nvcc" ]; then
   cuda_args=(-DBAM_CONSUMER_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=90)
 fi
 
-quiet cmake --install "$build" --prefix "$work/prefix"
+prefix=$work/prefix
+if [ -n "$installed" ]; then prefix=$installed; else quiet cmake --install "$build" --prefix "$prefix"; fi
 n=0
 for cm in "${cmakes[@]}"; do
   ver=$("$cm" --version | head -n 1 | awk '{print $3}')
@@ -30,7 +33,7 @@ for cm in "${cmakes[@]}"; do
     b=$work/build-$n
     n=$((n + 1))
     quiet "$cm" -S "$src" -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBAM_CONSUMER_MODE=$mode \
-      -DCMAKE_PREFIX_PATH="$work/prefix" -DBAM_SOURCE_DIR="$root" "${cuda_args[@]}"
+      -DCMAKE_PREFIX_PATH="$prefix" -DBAM_SOURCE_DIR="$root" "${cuda_args[@]}"
     quiet "$cm" --build "$b"
     out=$("$b/consumer")
     echo "package test: CMake $ver, $mode, $([ -n "$nvcc" ] && echo ".cu + .cpp" || echo ".cpp only"): $out" | tr '\n' ' '
@@ -39,7 +42,7 @@ for cm in "${cmakes[@]}"; do
 done
 
 # pkg-config: the installed bam.pc gives everything a compiler needs.
-pc=$(find "$work/prefix" -name bam.pc | head -n 1)
+pc=$(find "$prefix/lib" -name bam.pc | head -n 1)
 [ -n "$pc" ] || { echo "package test: FAILED: no bam.pc installed"; exit 1; }
 flags=$(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --cflags --libs bam)
 quiet g++ "$src/consumer.cpp" $flags -o "$work/consumer-pc"
