@@ -19,7 +19,9 @@
 //!  - `poll`: whoever holds the completion lock consumes new CQ entries
 //!    (phase tag tracked from the virtual head), files each one under its
 //!    command id, records the SQ head it reports, and writes the CQ head
-//!    doorbell once per batch. `try_collect(ticket)` picks a filed result up
+//!    doorbell once per batch. An entry for a command id with nothing in
+//!    flight, or naming another SQ, is consumed and dropped: a duplicate or
+//!    stray completion never completes a later command that reuses the id. `try_collect(ticket)` picks a filed result up
 //!    and frees the command id for its next turn.
 //!  - Every wait has a deadline that measures lack of progress of the
 //!    controller (`detail::progress_deadline`): while a command waits behind
@@ -108,7 +110,8 @@ struct cid_state {
   std::uint32_t dw0;         //!< completion dword 0
   std::uint32_t status;      //!< completion status (without phase)
   completion_record* record; //!< if set, the completion goes there and the id is freed at once
-  std::uint64_t reserved;
+  std::uint32_t in_flight;   //!< 1 from publication until its completion is consumed
+  std::uint32_t reserved;
 };
 static_assert(sizeof(cid_state) == 32);
 
@@ -227,6 +230,7 @@ struct queue_pair_ref {
     cmd.cid = cid;
     cids[cid].record = record;
     if (record != nullptr) record->done = 0;
+    detail::device_atomic<std::uint32_t>(cids[cid].in_flight).store(1, cuda::memory_order_relaxed);
     sq[ticket % sq_depth] = cmd;
     detail::device_atomic<std::uint64_t>(ready[ticket % sq_depth]).store(ticket + 1, cuda::memory_order_release);
   }
@@ -299,7 +303,10 @@ struct queue_pair_ref {
         counters->sq_head_pos = sq_head_pos;
         device_atomic<std::uint64_t>(counters->sq_head).store(counters->sq_head + delta, cuda::memory_order_release);
       }
-      if (cid < ncids) {
+      // Only a command in flight on this SQ can complete (the ready mark's
+      // release store publishes in_flight; the completion comes after it).
+      if (cid < ncids && entry->sq_id == qid &&
+          detail::device_atomic<std::uint32_t>(cids[cid].in_flight).exchange(0, cuda::memory_order_relaxed) == 1) {
         completion_record* rec = cids[cid].record;
         if (rec != nullptr) {
           // Deliver, then free the id for its next turn right away.

@@ -74,6 +74,8 @@ inline void controller::bring_up() {
     fail("controller is not responding (CAP reads all ones)");
   if ((cap_.bits.css & 1u) == 0) fail("controller does not support the NVM command set");
   if (cap_.bits.mpsmin > 0) fail("controller needs memory pages larger than 4 KiB (CAP.MPSMIN)");
+  // MQES is 0-based and at least 1: a queue holds two entries or more.
+  if (cap_.bits.mqes == 0) fail("CAP.MQES is 0 (queues of one entry), which no NVMe controller may report");
   dstrd_ = static_cast<std::uint32_t>(cap_.bits.dstrd);
   // CAP.TO is the worst case for CSTS.RDY to change; 0 would mean no wait at all.
   state_timeout_ns_ = std::max<std::uint64_t>(cap_.bits.to, 1) * nvme::cap_timeout_unit_ms * 1'000'000ull;
@@ -157,9 +159,6 @@ inline controller::queue_resources controller::make_queue(std::uint16_t qid, std
   // each ring must be one run of bus addresses.
   check_contiguous(*q.rings, 0, cq_offset(depth), qid, "submission");
   check_contiguous(*q.rings, cq_offset(depth), bytes - cq_offset(depth), qid, "completion");
-  const std::size_t state_bytes = nvme::queue_state_bytes(depth);
-  q.state = qid == 0 ? host_state_alloc(state_bytes) : opts_.state_alloc(state_bytes);
-  if (q.state == nullptr) throw_errno("allocating queue state", ENOMEM, name_);
   auto& r = q.ref;
   r.sq = q.rings->as<nvme::command>();
   r.cq = reinterpret_cast<nvme::completion*>(q.rings->as<unsigned char>() + cq_offset(depth));
@@ -186,6 +185,11 @@ inline controller::queue_resources controller::make_queue(std::uint16_t qid, std
     r.cq_doorbell = transport_->doorbell(cq_db);
     r.doorbell_scope = nvme::memory_scope::system;
   }
+  // Last, once nothing above can throw (a doorbell outside the BAR does):
+  // `q` does not free its state block on its own.
+  const std::size_t state_bytes = nvme::queue_state_bytes(depth);
+  q.state = qid == 0 ? host_state_alloc(state_bytes) : opts_.state_alloc(state_bytes);
+  if (q.state == nullptr) throw_errno("allocating queue state", ENOMEM, name_);
   // The state block may be device memory: compute pointers without touching it.
   r.attach_state(q.state);
   return q;
