@@ -105,9 +105,9 @@ struct hand_queue {
     q.attach_state(state);
   }
   ~hand_queue() { std::free(state); }
-  void post(std::uint16_t cid, std::uint16_t sq_id, std::uint16_t sq_head) {
-    emu::write_completion(cq.data(), depth, posted++, sq_head, sq_id, cid, nvme::status_success, 0,
-                          nvme::memory_scope::system);
+  void post(std::uint16_t cid, std::uint16_t sq_id, std::uint16_t sq_head, std::uint32_t dw0 = 0) {
+    emu::write_completion(cq.data(), depth, posted++, sq_head, sq_id, cid, nvme::status_success,
+                          dw0, nvme::memory_scope::system);
   }
 };
 
@@ -152,4 +152,21 @@ TEST_CASE("a duplicate completion and one naming another SQ are dropped", "[queu
   REQUIRE(h.q.cid_of(b) == h.q.cid_of(a));
   h.post(h.q.cid_of(b), static_cast<std::uint16_t>(h.q.qid + 1), 0); // right id, wrong SQ
   CHECK(h.q.wait(b) == nvme::status_timeout);
+}
+
+TEST_CASE("a completion whose SQ head says its command was never fetched is dropped",
+          "[queue][hostile]") {
+  hand_queue h;
+  std::uint64_t a = 0, b = 0;
+  REQUIRE(h.q.submit(nvme::make_flush(1), a) == nvme::status_success);
+  REQUIRE(h.q.submit(nvme::make_flush(1), b) == nvme::status_success);
+  // The controller claims b done while reporting that it fetched only a's slot.
+  h.post(h.q.cid_of(b), h.q.qid, 1, 0xbad);
+  h.post(h.q.cid_of(a), h.q.qid, 1, 0xa);
+  std::uint32_t dw0 = 0;
+  CHECK(h.q.wait(a, &dw0) == nvme::status_success);
+  CHECK(dw0 == 0xa);
+  h.post(h.q.cid_of(b), h.q.qid, 2, 0xb); // fetched now
+  CHECK(h.q.wait(b, &dw0) == nvme::status_success);
+  CHECK(dw0 == 0xb);
 }
