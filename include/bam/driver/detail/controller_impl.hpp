@@ -270,7 +270,15 @@ inline void controller::identify_namespaces() {
     info.blocks = info.id.nsze;
     // FLBAS bits 3:0 and, with more than 16 formats, bits 6:5 as the upper bits.
     const unsigned fmt = (info.id.flbas & 0xfu) | (((info.id.flbas >> 5) & 0x3u) << 4);
-    info.lba_size = 1u << info.id.lbaf[fmt].ds;
+    const unsigned lbads = info.id.lbaf[fmt].ds;
+    // LBADS is at least 9 (512 B) by the spec; beyond 2^24 nothing here could buffer a block.
+    if (lbads < min_lba_shift || lbads > max_lba_shift) {
+      warn("controller " + name_ + ": namespace " + std::to_string(nsid) + " reports LBA data size 2^" +
+           std::to_string(lbads) + " (format " + std::to_string(fmt) + "), outside 2^" +
+           std::to_string(min_lba_shift) + "..2^" + std::to_string(max_lba_shift) + ": namespace not used");
+      continue;
+    }
+    info.lba_size = 1u << lbads;
     namespaces_.push_back(info);
   }
 }
