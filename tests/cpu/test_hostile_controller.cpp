@@ -170,3 +170,14 @@ TEST_CASE("a completion whose SQ head says its command was never fetched is drop
   CHECK(h.q.wait(b, &dw0) == nvme::status_success);
   CHECK(dw0 == 0xb);
 }
+
+TEST_CASE("a completion reporting an SQ head outside the queue is dropped", "[queue][hostile]") {
+  hand_queue h;
+  std::uint64_t a = 0;
+  REQUIRE(h.q.submit(nvme::make_flush(1), a) == nvme::status_success);
+  h.post(h.q.cid_of(a), h.q.qid, 596, 0xbad); // no slot 596 in a queue of 8
+  h.post(h.q.cid_of(a), h.q.qid, 1, 0xa);
+  std::uint32_t dw0 = 0;
+  CHECK(h.q.wait(a, &dw0) == nvme::status_success);
+  CHECK(dw0 == 0xa);
+}

@@ -20,9 +20,10 @@
 //!    (phase tag tracked from the virtual head), files each one under its
 //!    command id, records the SQ head it reports, and writes the CQ head
 //!    doorbell once per batch. An entry for a command id with nothing in
-//!    flight, naming another SQ, or reporting an SQ head that has not passed
-//!    the command's slot (it was never fetched) is consumed and dropped: a
-//!    duplicate or stray completion never completes a command it is not for. `try_collect(ticket)` picks a filed result up
+//!    flight, naming another SQ, or reporting an SQ head outside the queue or
+//!    not past the command's slot (it was never fetched) is consumed and
+//!    dropped: a duplicate or stray completion never completes a command it
+//!    is not for. `try_collect(ticket)` picks a filed result up
 //!    and frees the command id for its next turn.
 //!  - Every wait has a deadline that measures lack of progress of the
 //!    controller (`detail::progress_deadline`): while a command waits behind
@@ -308,11 +309,13 @@ struct queue_pair_ref {
       // Only a command in flight on this SQ can complete (the ready mark's
       // release store publishes in_flight; the completion comes after it),
       // and only once the controller has fetched it: the SQ head it reports
-      // is past the command's slot (its ticket is the id's current turn).
+      // is a slot of this queue and past the command's slot (its ticket is
+      // the id's current turn).
       const bool plausible =
-          cid < ncids && entry->sq_id == qid &&
-          (!head_known || counters->sq_head > std::uint64_t{device_atomic<std::uint32_t>(cids[cid].free_turn).load(
-                                                   cuda::memory_order_relaxed)} * ncids + cid);
+          cid < ncids && entry->sq_id == qid && head_known &&
+          counters->sq_head >
+              std::uint64_t{device_atomic<std::uint32_t>(cids[cid].free_turn).load(cuda::memory_order_relaxed)} * ncids +
+                  cid;
       if (plausible &&
           detail::device_atomic<std::uint32_t>(cids[cid].in_flight).exchange(0, cuda::memory_order_relaxed) == 1) {
         completion_record* rec = cids[cid].record;
