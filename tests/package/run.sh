@@ -29,7 +29,9 @@ if [ -n "$installed" ]; then prefix=$installed; else quiet cmake --install "$bui
 n=0
 for cm in "${cmakes[@]}"; do
   ver=$("$cm" --version | head -n 1 | awk '{print $3}')
-  for mode in find_package add_subdirectory; do
+  modes=(find_package add_subdirectory)
+  [ -n "$installed" ] && modes=(find_package) # the source tree is not what is installed
+  for mode in "${modes[@]}"; do
     b=$work/build-$n
     n=$((n + 1))
     quiet "$cm" -S "$src" -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBAM_CONSUMER_MODE=$mode \
