@@ -9,8 +9,8 @@
 //
 // What must hold: no crash or sanitizer report; no wait without end (every
 // driver call returns); every failure is a bam::error; a call that reports
-// success had, for each command it sent, a success completion with that
-// command's id posted after the command was fetched (never a stale or
+// success had, for each command it sent, a completion with that command's
+// id posted after the command was fetched (never a stale or
 // spurious one; unless the controller made up an SQ head, after which no
 // driver can tell); the PRPs of every read and write describe mapped memory.
 #include <bam/driver/controller.hpp>
@@ -191,7 +191,7 @@ public:
     std::uint16_t qid, cid;
     std::uint8_t opcode;
     std::uint64_t seq;        //!< when it was fetched
-    bool answered = false;    //!< a success completion with its id was posted after the fetch
+    bool answered = false;    //!< a completion with its id was posted after the fetch
   };
   void begin_call() {
     std::lock_guard q(queues_mutex_);
@@ -293,7 +293,7 @@ private:
                                                      std::memory_order_release);
     });
     ++q.cq_tail;
-    if (status == 0 && recording_) {
+    if (recording_) { // any status: a call may go on after a command that failed (identify's fallback)
       for (auto& f : calls_)
         if (f.qid == q.qid && f.cid == cid) f.answered = true;
     }
@@ -490,7 +490,7 @@ void call(hostile_controller& h, const char* what, Fn&& fn, bool check_answers =
       if (!f.answered)
         fail(std::string(what) + " reported success, but command id " + std::to_string(f.cid) + " (opcode " +
              std::to_string(f.opcode) + ") on queue " + std::to_string(f.qid) +
-             " never got a success completion after it was fetched");
+             " never got a completion after it was fetched");
   const std::string prp = h.prp_error();
   if (!prp.empty()) fail(prp);
 }

@@ -249,7 +249,16 @@ inline void controller::identify_namespaces() {
   try {
     admin_owned(nvme::make_identify(nvme::identify_cns::active_ns_list, 0, 0), page, nvme::identify_data_size);
     const auto* list = page->as<std::uint32_t>();
-    for (std::size_t i = 0; i < nvme::identify_data_size / 4 && list[i] != 0; ++i) ids.push_back(list[i]);
+    // The list is in increasing order; an id that is not (a repeat) would
+    // give one NSID two geometries: it ends the list.
+    for (std::size_t i = 0; i < nvme::identify_data_size / 4 && list[i] != 0; ++i) {
+      if (!ids.empty() && list[i] <= ids.back()) {
+        warn("controller " + name_ + ": active namespace list not in increasing order (" + std::to_string(list[i]) +
+             " after " + std::to_string(ids.back()) + "): the rest of it is not used");
+        break;
+      }
+      ids.push_back(list[i]);
+    }
   } catch (const error& e) {
     // NVMe 1.0 controllers lack CNS 2 (Invalid Field): every NSID up to NN
     // is a candidate. Any other failure is reported as it is.
