@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: MIT
 # Finds what bam's headers need and attaches it to an INTERFACE target.
-# Used by the build and by the installed package config alike.
+# Used by the build (add_subdirectory included) and by the installed package
+# config alike, so it always runs under the CMake of the project that uses bam.
 #   required: CCCL (libcu++ <cuda/atomic>), libnvme headers, Threads
 #   optional: liburing (io_uring media in the software controller)
 include_guard(GLOBAL)
@@ -44,16 +45,63 @@ else()
                  "(apt-get install liburing-dev for io_uring)")
 endif()
 
+# C++20 for CUDA sources. bam's headers need C++20 in .cu files as much as in
+# .cpp files, but `cxx_std_20` reaches only the CXX language. CMake 3.26 and
+# later know nvcc's C++20 flag: `cuda_std_20` raises the standard of every
+# consumer target to at least C++20. Older CMake (Debian 12 has 3.25) has no
+# C++20 flag for nvcc and refuses `cuda_std_20`: the flag is added directly
+# to CUDA compilations instead (nvcc takes the last -std it is given).
+function(bam_require_cuda_cxx20 target build_tree)
+  get_property(languages GLOBAL PROPERTY ENABLED_LANGUAGES)
+  if("CUDA" IN_LIST languages AND CMAKE_CUDA_COMPILER_ID STREQUAL "NVIDIA" AND
+     CMAKE_CUDA_COMPILER_VERSION VERSION_LESS 12.0)
+    message(FATAL_ERROR "bam: CUDA ${CMAKE_CUDA_COMPILER_VERSION} cannot compile C++20; bam needs "
+                        "nvcc 12 or later (set CMAKE_CUDA_COMPILER to a newer toolkit's nvcc).")
+  endif()
+  if(CMAKE_VERSION VERSION_GREATER_EQUAL 3.26)
+    set(feature cuda_std_20)
+    if(build_tree)
+      set(feature "$<BUILD_INTERFACE:${feature}>")
+    endif()
+    target_compile_features(${target} INTERFACE ${feature})
+  else()
+    set(flag "$<$<COMPILE_LANG_AND_ID:CUDA,NVIDIA>:-std=c++20>")
+    if(build_tree)
+      set(flag "$<BUILD_INTERFACE:${flag}>")
+    endif()
+    target_compile_options(${target} INTERFACE ${flag})
+  endif()
+endfunction()
+
+# bam_link_dependencies(TARGET [BUILD_TREE])
+# Attach the include directories, definitions, libraries and the CUDA C++20
+# rule to TARGET's interface. With BUILD_TREE everything is wrapped in
+# $<BUILD_INTERFACE:...>: the exported target then carries only bam's own
+# include directory and cxx_std_20, and the installed package config calls
+# this function again on the consumer's machine, with the consumer's CMake.
 function(bam_link_dependencies target)
-  target_include_directories(${target} SYSTEM INTERFACE ${BAM_CCCL_INCLUDE_DIR} ${BAM_LIBNVME_INCLUDE_DIR})
-  target_link_libraries(${target} INTERFACE Threads::Threads)
+  cmake_parse_arguments(B "BUILD_TREE" "" "" ${ARGN})
+  set(includes ${BAM_CCCL_INCLUDE_DIR} ${BAM_LIBNVME_INCLUDE_DIR})
+  set(libs Threads::Threads)
+  set(defs)
   if(BAM_HAVE_LIBURING)
-    target_compile_definitions(${target} INTERFACE BAM_HAVE_LIBURING=1)
+    list(APPEND defs BAM_HAVE_LIBURING=1)
     if(TARGET PkgConfig::BAM_URING)
-      target_link_libraries(${target} INTERFACE PkgConfig::BAM_URING)
+      list(APPEND libs PkgConfig::BAM_URING)
     else()
-      target_include_directories(${target} SYSTEM INTERFACE ${BAM_URING_INCLUDE_DIR})
-      target_link_libraries(${target} INTERFACE ${BAM_URING_LIBRARY})
+      list(APPEND includes ${BAM_URING_INCLUDE_DIR})
+      list(APPEND libs ${BAM_URING_LIBRARY})
     endif()
   endif()
+  if(B_BUILD_TREE)
+    list(TRANSFORM includes REPLACE "^(.+)$" "$<BUILD_INTERFACE:\\1>")
+    list(TRANSFORM libs REPLACE "^(.+)$" "$<BUILD_INTERFACE:\\1>")
+    list(TRANSFORM defs REPLACE "^(.+)$" "$<BUILD_INTERFACE:\\1>")
+  endif()
+  target_include_directories(${target} SYSTEM INTERFACE ${includes})
+  target_link_libraries(${target} INTERFACE ${libs})
+  if(defs)
+    target_compile_definitions(${target} INTERFACE ${defs})
+  endif()
+  bam_require_cuda_cxx20(${target} ${B_BUILD_TREE})
 endfunction()

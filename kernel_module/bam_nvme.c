@@ -52,6 +52,7 @@
 
 #include <bam/kmod_abi.h>
 
+#include "bam_nvme_args.h"
 #include "bam_nvme_gpu.h"
 
 #define BAM_MAX_CONTROLLERS 256
@@ -103,6 +104,9 @@ struct bam_ctrl {
 	struct mutex lock;
 	bool gone; /* removed from the driver: no more DMA or MMIO */
 	struct bam_file *open_file;
+	/* This controller's share of bam_pinned_pages and bam_live_mappings. */
+	atomic64_t pinned_pages;
+	atomic64_t mappings;
 };
 
 /* State of one open file: everything it mapped. */
@@ -150,6 +154,19 @@ struct bam_mapping {
 		} coherent;
 	};
 };
+
+/* Pinned pages and mappings are counted per controller and over all. */
+static void bam_count_pins(struct bam_ctrl *ctrl, s64 delta)
+{
+	atomic64_add(delta, &ctrl->pinned_pages);
+	atomic64_add(delta, &bam_pinned_pages);
+}
+
+static void bam_count_mappings(struct bam_ctrl *ctrl, s64 delta)
+{
+	atomic64_add(delta, &ctrl->mappings);
+	atomic64_add(delta, &bam_live_mappings);
+}
 
 /* ---------------------------------------------------------------------- */
 /* Sysfs: /sys/class/bam-nvme/{pinned_pages,mappings}                      */
@@ -236,26 +253,6 @@ static u64 bam_max_map_bytes(void)
 	return (u64)max_map_mib << 20;
 }
 
-/*
- * Check a (start, length) pair of a MAP request: nonzero, aligned to @align,
- * under the cap, and with room for the bus addresses. Returns the number of
- * 4 KiB pages or -errno.
- */
-static long bam_check_range(u64 start, u64 length, u64 align, u32 bus_count)
-{
-	u64 npages;
-
-	if (length == 0 || !IS_ALIGNED(start, align) || !IS_ALIGNED(length, align))
-		return -EINVAL;
-	if (length > bam_max_map_bytes())
-		return -E2BIG;
-	if (start + length < start)
-		return -EINVAL;
-	npages = length / BAM_DMA_PAGE;
-	if (bus_count < npages)
-		return -EINVAL;
-	return (long)npages;
-}
 
 /*
  * Write the bus address of every 4 KiB page of [skip, skip + npages * 4 KiB)
@@ -294,8 +291,8 @@ static void bam_coherent_release(struct kref *ref)
 	struct bam_ctrl *ctrl = m->coherent.ctrl;
 
 	dma_free_coherent(&ctrl->pdev->dev, m->coherent.size, m->coherent.cpu, m->coherent.dma);
-	put_device(&ctrl->dev);
-	atomic64_dec(&bam_live_mappings);
+	bam_count_mappings(ctrl, -1);
+	put_device(&ctrl->dev); /* may free ctrl */
 	kfree(m);
 }
 
@@ -313,7 +310,7 @@ static void bam_mapping_free(struct bam_ctrl *ctrl, struct bam_mapping *m)
 		sg_free_table(&m->host.sgt);
 		/* The controller may have written any page: mark them dirty. */
 		unpin_user_pages_dirty_lock(m->host.pages, m->host.npages, true);
-		atomic64_sub(m->host.npages, &bam_pinned_pages);
+		bam_count_pins(ctrl, -(s64)m->host.npages);
 		kvfree(m->host.pages);
 		break;
 	case BAM_MAP_DMABUF:
@@ -329,7 +326,7 @@ static void bam_mapping_free(struct bam_ctrl *ctrl, struct bam_mapping *m)
 		module_put(m->gpu.ops->owner);
 		break;
 	}
-	atomic64_dec(&bam_live_mappings);
+	bam_count_mappings(ctrl, -1);
 	kfree(m);
 }
 
@@ -363,7 +360,7 @@ static int bam_map_host(struct bam_ctrl *ctrl, const struct bam_kmod_map_host *r
 			goto err_unpin;
 		}
 		pinned += ret;
-		atomic64_add(ret, &bam_pinned_pages);
+		bam_count_pins(ctrl, ret);
 	}
 	m->host.npages = npages;
 	ret = sg_alloc_table_from_pages(&m->host.sgt, m->host.pages, npages, 0, req->length,
@@ -376,7 +373,7 @@ static int bam_map_host(struct bam_ctrl *ctrl, const struct bam_kmod_map_host *r
 	ret = bam_sgt_to_bus(&m->host.sgt, 0, npages4k, bus);
 	if (ret)
 		goto err_dma;
-	atomic64_inc(&bam_live_mappings);
+	bam_count_mappings(ctrl, 1);
 	*out = m;
 	return 0;
 
@@ -386,7 +383,7 @@ err_table:
 	sg_free_table(&m->host.sgt);
 err_unpin:
 	unpin_user_pages(m->host.pages, pinned);
-	atomic64_sub(pinned, &bam_pinned_pages);
+	bam_count_pins(ctrl, -(s64)pinned);
 	kvfree(m->host.pages);
 err_free:
 	kfree(m);
@@ -446,7 +443,7 @@ static int bam_map_dmabuf(struct bam_ctrl *ctrl, const struct bam_kmod_map_dmabu
 	ret = bam_sgt_to_bus(m->dmabuf.sgt, req->offset, npages4k, bus);
 	if (ret)
 		goto err_unmap;
-	atomic64_inc(&bam_live_mappings);
+	bam_count_mappings(ctrl, 1);
 	*out = m;
 	return 0;
 
@@ -485,7 +482,7 @@ static int bam_map_gpu(struct bam_ctrl *ctrl, const struct bam_kmod_map_gpu *req
 	ret = ops->map(ctrl->pdev, req->vaddr, req->length, bus, &m->gpu.priv);
 	if (ret)
 		goto err_free;
-	atomic64_inc(&bam_live_mappings);
+	bam_count_mappings(ctrl, 1);
 	*out = m;
 	return 0;
 
@@ -507,10 +504,9 @@ static long bam_ioctl_alloc(struct bam_file *f, void __user *arg)
 
 	if (copy_from_user(&req, arg, sizeof(req)))
 		return -EFAULT;
-	if (req.flags || req.pad || req.length == 0 || !PAGE_ALIGNED(req.length))
-		return -EINVAL;
-	if (req.length > BAM_KMOD_MAX_ALLOC_BYTES)
-		return -E2BIG;
+	ret = bam_check_alloc(&req, PAGE_SIZE);
+	if (ret)
+		return ret;
 	m = kzalloc(sizeof(*m), GFP_KERNEL);
 	if (!m)
 		return -ENOMEM;
@@ -525,7 +521,7 @@ static long bam_ioctl_alloc(struct bam_file *f, void __user *arg)
 	}
 	m->coherent.ctrl = ctrl;
 	get_device(&ctrl->dev);
-	atomic64_inc(&bam_live_mappings);
+	bam_count_mappings(ctrl, 1);
 	ret = xa_alloc(&f->maps, &handle, m, xa_limit_32b, GFP_KERNEL);
 	if (ret) {
 		kref_put(&m->ref, bam_coherent_release);
@@ -816,26 +812,17 @@ static long bam_ioctl_map(struct bam_file *f, unsigned int cmd, void __user *arg
 
 	switch (cmd) {
 	case BAM_KMOD_IOC_MAP_HOST:
-		if (req.host.flags)
-			return -EINVAL;
-		npages = bam_check_range(req.host.vaddr, req.host.length, BAM_DMA_PAGE,
-					 req.host.bus_addr_count);
+		npages = bam_check_map_host(&req.host, bam_max_map_bytes());
 		ubus = u64_to_user_ptr(req.host.bus_addrs);
 		handle_field = &req.host.handle;
 		break;
 	case BAM_KMOD_IOC_MAP_DMABUF:
-		if (req.dmabuf.flags || req.dmabuf.pad)
-			return -EINVAL;
-		npages = bam_check_range(req.dmabuf.offset, req.dmabuf.length, BAM_DMA_PAGE,
-					 req.dmabuf.bus_addr_count);
+		npages = bam_check_map_dmabuf(&req.dmabuf, bam_max_map_bytes());
 		ubus = u64_to_user_ptr(req.dmabuf.bus_addrs);
 		handle_field = &req.dmabuf.handle;
 		break;
 	case BAM_KMOD_IOC_MAP_GPU:
-		if (req.gpu.flags)
-			return -EINVAL;
-		npages = bam_check_range(req.gpu.vaddr, req.gpu.length, BAM_KMOD_GPU_PAGE_SIZE,
-					 req.gpu.bus_addr_count);
+		npages = bam_check_map_gpu(&req.gpu, bam_max_map_bytes());
 		ubus = u64_to_user_ptr(req.gpu.bus_addrs);
 		handle_field = &req.gpu.handle;
 		break;
@@ -896,8 +883,9 @@ static long bam_ioctl(struct file *file, unsigned int cmd, unsigned long uarg)
 	case BAM_KMOD_IOC_VERSION:
 		if (copy_from_user(&ver, arg, sizeof(ver)))
 			return -EFAULT;
-		if (ver.pad)
-			return -EINVAL;
+		ret = bam_check_version(&ver);
+		if (ret)
+			return ret;
 		ver.abi_version = BAM_KMOD_ABI_VERSION;
 		ver.min_abi_version = BAM_KMOD_MIN_ABI_VERSION;
 		return copy_to_user(arg, &ver, sizeof(ver)) ? -EFAULT : 0;
@@ -918,8 +906,9 @@ static long bam_ioctl(struct file *file, unsigned int cmd, unsigned long uarg)
 	case BAM_KMOD_IOC_UNMAP:
 		if (copy_from_user(&unmap, arg, sizeof(unmap)))
 			return -EFAULT;
-		if (unmap.handle == 0 || unmap.handle > U32_MAX)
-			return -EINVAL;
+		ret = bam_check_unmap(&unmap);
+		if (ret)
+			return ret;
 		mutex_lock(&ctrl->lock);
 		m = xa_erase(&f->maps, (unsigned long)unmap.handle);
 		if (m)
@@ -958,8 +947,26 @@ static ssize_t owner_pid_show(struct device *dev, struct device_attribute *attr,
 }
 static DEVICE_ATTR_RO(owner_pid);
 
+static ssize_t bam_ctrl_pinned_show(struct device *dev, struct device_attribute *attr, char *buf)
+{
+	struct bam_ctrl *ctrl = container_of(dev, struct bam_ctrl, dev);
+
+	return sysfs_emit(buf, "%lld\n", (long long)atomic64_read(&ctrl->pinned_pages));
+}
+static DEVICE_ATTR(pinned_pages, 0444, bam_ctrl_pinned_show, NULL);
+
+static ssize_t bam_ctrl_mappings_show(struct device *dev, struct device_attribute *attr, char *buf)
+{
+	struct bam_ctrl *ctrl = container_of(dev, struct bam_ctrl, dev);
+
+	return sysfs_emit(buf, "%lld\n", (long long)atomic64_read(&ctrl->mappings));
+}
+static DEVICE_ATTR(mappings, 0444, bam_ctrl_mappings_show, NULL);
+
 static struct attribute *bam_dev_attrs[] = {
 	&dev_attr_owner_pid.attr,
+	&dev_attr_pinned_pages.attr,
+	&dev_attr_mappings.attr,
 	NULL,
 };
 ATTRIBUTE_GROUPS(bam_dev);

@@ -57,7 +57,7 @@ bam_install_build_deps() {
   command -v apt-get >/dev/null || { echo "bam: not a Debian/Ubuntu system: install cmake, ninja, g++, Catch2 3, libnvme-dev, liburing-dev, CLI11, nlohmann-json, Google Benchmark yourself"; return 0; }
   bam_enable_debian_extras
   bam_apt_install cmake ninja-build g++ pkg-config libnvme-dev liburing-dev libcli11-dev \
-    nlohmann-json3-dev libbenchmark-dev
+    nlohmann-json3-dev libxxhash-dev libbenchmark-dev clang libclang-rt-dev
   # Catch2 3: Debian 12 has it in backports only (its main has 2.x).
   if ! dpkg-query -W -f='${Version}' catch2 2>/dev/null | grep -q '^3'; then
     . /etc/os-release
@@ -67,6 +67,21 @@ bam_install_build_deps() {
       bam_apt_install catch2
     fi
   fi
+}
+
+# A current CMake from PyPI's `cmake` wheel (unpacked, not installed) for the
+# package test next to the distribution's CMake. Prints the cmake path;
+# prints nothing (and returns 1) when PyPI cannot be reached.
+bam_current_cmake() {
+  local dir=${BAM_CACHE_DIR:-$PWD/.cache}/cmake-wheel
+  if [ ! -x "$dir/cmake/data/bin/cmake" ]; then
+    python3 -m pip --version >/dev/null 2>&1 || bam_apt_install python3-pip >&2
+    rm -rf "$dir" && mkdir -p "$dir"
+    python3 -m pip download -q --no-deps --only-binary=:all: --dest "$dir" cmake >&2 || return 1
+    python3 -c 'import sys, zipfile, glob; zipfile.ZipFile(glob.glob(sys.argv[1] + "/cmake-*.whl")[0]).extractall(sys.argv[1])' "$dir" >&2 || return 1
+    chmod +x "$dir"/cmake/data/bin/*
+  fi
+  echo "$dir/cmake/data/bin/cmake"
 }
 
 # Where nvcc is, if anywhere.

@@ -1,11 +1,18 @@
 // SPDX-License-Identifier: MIT
-// Built by the package test against an installed bam: brings up the software
-// controller and round-trips one block.
+// Built by the package test against an installed bam (or bam's tree through
+// add_subdirectory): brings up the software controller and round-trips one
+// block; with CUDA, also encodes commands in a kernel (consumer_kernel.cu)
+// when a GPU is present.
 #include <bam/controller.hpp>
 #include <bam/emu.hpp>
 
 #include <cstdio>
 #include <cstring>
+
+#if BAM_CONSUMER_CUDA
+// consumer_kernel.cu: -1 without a GPU, else the number of wrong commands.
+int encode_reads_on_gpu(unsigned count);
+#endif
 
 int main() {
   auto t = bam::emu::make_ram_controller(1 << 20);
@@ -17,5 +24,13 @@ int main() {
   ctrl.read(1, 7, 1, *buf);
   const bool ok = buf->as<unsigned char>()[511] == 0x42;
   std::printf("%s: %s\n", ctrl.model().c_str(), ok ? "round trip ok" : "round trip FAILED");
+#if BAM_CONSUMER_CUDA
+  const int bad = encode_reads_on_gpu(1024);
+  if (bad < 0)
+    std::printf("kernel built; no GPU here to run it\n");
+  else
+    std::printf("kernel encoded 1024 commands, %d wrong\n", bad);
+  if (bad > 0) return 1;
+#endif
   return ok ? 0 : 1;
 }

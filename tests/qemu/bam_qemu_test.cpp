@@ -4,8 +4,17 @@
 // prints one line "BAMTEST CASE <name> PASS|FAIL <detail>" that the host
 // collects; the exit status is the number of failures.
 //
-//   bam_qemu_test all /dev/bam-nvme0        everything below, in order
-//   bam_qemu_test identify|io|dmabuf|args|unpriv|fork|kill|mark DEV [blocks threads]
+// Nothing here assumes a geometry: LBA sizes, transfer limits, queue counts
+// and depths and the namespaces come from identify. What QEMU was told
+// (--expect, --inactive) is checked against what the driver found.
+//
+//   bam_qemu_test all /dev/bam-nvme0 [options]   every case below but mark and ioctl-fuzz, in order
+//   bam_qemu_test identify|geometry|io|dmabuf|args|unpriv|fork|kill|mark|ioctl-fuzz DEV [options]
+//   options: --blocks N (random I/O, default 12000)   --threads N (4)
+//            --queues N (I/O queue pairs asked for, 4)  --depth N (entries asked for, 256)
+//            --expect NSID:LBA,...  active namespaces and their LBA sizes as QEMU was told
+//            --inactive NSID,...    namespace ids that must be inactive
+//            --seconds N            ioctl-fuzz duration (default 5)
 #include <bam/controller.hpp>
 #include <bam/kmod_abi.h>
 #include <bam/transport/pci.hpp>
@@ -36,6 +45,33 @@
 namespace {
 
 int failures = 0;
+
+//! What the guest was asked to use, and what QEMU was told.
+struct test_options {
+  std::uint64_t blocks = 12000;
+  unsigned threads = 4;
+  std::uint32_t queues = 4;
+  std::uint32_t depth = 256;
+  std::string expect;   //!< "1:512,3:4096"
+  std::string inactive; //!< "2,4"
+  unsigned seconds = 5;
+};
+test_options opt;
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char ch : s) {
+    if (ch == sep) {
+      if (!cur.empty()) out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += ch;
+    }
+  }
+  if (!cur.empty()) out.push_back(cur);
+  return out;
+}
 
 void report(const std::string& name, bool ok, const std::string& detail = {}) {
   std::printf("BAMTEST CASE %s %s %s\n", name.c_str(), ok ? "PASS" : "FAIL", detail.c_str());
@@ -115,11 +151,11 @@ bool pins_released(std::string* detail) {
 struct session {
   std::shared_ptr<bam::pci_transport> t;
   std::unique_ptr<bam::controller> c;
-  explicit session(const std::string& dev, std::uint32_t queues = 4) {
+  explicit session(const std::string& dev) {
     t = std::make_shared<bam::pci_transport>(dev);
     bam::controller_options o;
-    o.io_queues = queues;
-    o.queue_depth = 256;
+    o.io_queues = opt.queues;
+    o.queue_depth = opt.depth;
     o.io_timeout_ns = 30'000'000'000ull;
     o.admin_timeout_ns = 30'000'000'000ull;
     c = std::make_unique<bam::controller>(t, o);
@@ -145,9 +181,21 @@ void case_identify(const std::string& dev) {
   info("io queues", std::to_string(c.io_queue_count()) + " x " +
                         std::to_string(c.io_queue_depth()) + " entries, MDTS-limited transfer " +
                         std::to_string(c.max_transfer_bytes()));
-  report("identify", c.serial() == "bamtest" && ns.blocks > 0 && c.io_queue_count() >= 4,
-         "model '" + c.model() + "' serial '" + c.serial() + "' ns1 " + std::to_string(ns.blocks) +
-             " blocks, " + std::to_string(c.io_queue_count()) + " I/O queue pairs");
+  // The controller's own word on queues (Get Features, Number of Queues) and
+  // CAP.MQES decide what the driver must have created.
+  const bam::nvme::number_of_queues noq{c.admin(bam::nvme::make_get_features(bam::nvme::feature_id::number_of_queues))};
+  const std::uint32_t want_queues = std::min({opt.queues, noq.bits.nsq + 1u, noq.bits.ncq + 1u});
+  const std::uint32_t want_depth = std::min<std::uint32_t>(std::max<std::uint32_t>(opt.depth, 2), c.cap().bits.mqes + 1u);
+  info("queue limits", "controller allocated " + std::to_string(noq.bits.nsq + 1u) + " SQs / " +
+                           std::to_string(noq.bits.ncq + 1u) + " CQs, CAP.MQES+1 = " +
+                           std::to_string(c.cap().bits.mqes + 1u));
+  report("identify",
+         c.serial() == "bamtest" && ns.blocks > 0 && c.io_queue_count() == want_queues &&
+             c.io_queue_depth() == want_depth,
+         "model '" + c.model() + "' serial '" + c.serial() + "' ns1 " + std::to_string(ns.blocks) + " blocks of " +
+             std::to_string(ns.lba_size) + " B, " + std::to_string(c.io_queue_count()) + " I/O queue pairs (want " +
+             std::to_string(want_queues) + ") of " + std::to_string(c.io_queue_depth()) + " entries (want " +
+             std::to_string(want_depth) + ")");
 
   // alloc() memory is contiguous in bus address space (queues need it).
   {
@@ -173,10 +221,11 @@ void case_identify(const std::string& dev) {
            "bus " + hex(bus) + " == phys " + hex(phys));
 }
 
-void case_io(const std::string& dev, std::uint64_t target_blocks, unsigned nthreads) {
-  session s(dev);
+//! Random writes and reads with verification on namespace `nsid`, from
+//! `nthreads` threads over every I/O queue.
+void io_on_namespace(session& s, std::uint32_t nsid, std::uint64_t target_blocks, unsigned nthreads) {
   auto& c = *s.c;
-  const auto& ns = c.ns(1);
+  const auto& ns = c.ns(nsid);
   const std::uint32_t bs = ns.lba_size;
   const std::uint64_t span = std::min<std::uint64_t>(ns.blocks, 65536);
   const std::uint32_t max_run = 16;
@@ -203,11 +252,11 @@ void case_io(const std::string& dev, std::uint64_t target_blocks, unsigned nthre
           ++gen[lba + i - lo];
           fill_block(buf->as<unsigned char>() + i * bs, bs, lba + i, gen[lba + i - lo]);
         }
-        c.write(1, lba, n, *buf, 0, q);
+        c.write(nsid, lba, n, *buf, 0, q);
         // Read back a random earlier-written run right away.
         const std::uint64_t r = lo + rng() % (hi - lo - n);
         std::memset(buf->data(), 0xee, n * bs);
-        c.read(1, r, n, *buf, 0, q);
+        c.read(nsid, r, n, *buf, 0, q);
         for (std::uint32_t i = 0; i < n; ++i)
           if (gen[r + i - lo] != 0 &&
               !check_block(buf->as<unsigned char>() + i * bs, bs, r + i, gen[r + i - lo]))
@@ -218,7 +267,7 @@ void case_io(const std::string& dev, std::uint64_t target_blocks, unsigned nthre
       // Full verification of everything this thread wrote.
       for (std::uint64_t lba = lo; lba < hi; lba += max_run) {
         const auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>(max_run, hi - lba));
-        c.read(1, lba, n, *buf, 0, q);
+        c.read(nsid, lba, n, *buf, 0, q);
         for (std::uint32_t i = 0; i < n; ++i) {
           if (gen[lba + i - lo] == 0) continue;
           if (check_block(buf->as<unsigned char>() + i * bs, bs, lba + i, gen[lba + i - lo]))
@@ -238,21 +287,28 @@ void case_io(const std::string& dev, std::uint64_t target_blocks, unsigned nthre
   for (auto& x : th)
     x.join();
   try {
-    c.flush(1);
+    c.flush(nsid);
   } catch (const std::exception& e) {
     if (!error.exchange(true)) first_error = std::string("flush: ") + e.what();
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   char detail[256];
   std::snprintf(detail, sizeof detail,
-                "%llu blocks written at random LBAs by %u threads on %u queues, %llu distinct "
-                "blocks verified, %llu mismatches, %.1f s%s%s",
-                static_cast<unsigned long long>(written.load()), nthreads, c.io_queue_count(),
+                "namespace %u (%u-byte blocks): %llu blocks written at random LBAs by %u threads on %u "
+                "queues, %llu distinct blocks verified, %llu mismatches, %.1f s%s%s",
+                nsid, bs, static_cast<unsigned long long>(written.load()), nthreads, c.io_queue_count(),
                 static_cast<unsigned long long>(verified.load()),
                 static_cast<unsigned long long>(bad.load()), secs, error ? ": " : "",
                 first_error.c_str());
-  report("random-write-read-verify", !error && bad == 0 && written >= target_blocks && verified > 0,
+  report(nsid == 1 ? std::string("random-write-read-verify") : "random-write-read-verify-ns" + std::to_string(nsid),
+         !error && bad == 0 && written >= target_blocks && verified > 0,
          detail);
+}
+
+void case_io(const std::string& dev, std::uint64_t target_blocks, unsigned nthreads) {
+  session s(dev);
+  for (const auto& ns : s.c->namespaces())
+    io_on_namespace(s, ns.nsid, ns.nsid == 1 ? target_blocks : target_blocks / 4, nthreads);
 }
 
 void case_dmabuf(const std::string& dev) {
@@ -644,12 +700,13 @@ void case_kill(const std::string& dev) {
                              MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
           auto buf = s.t->map(mem, 64 * 1024, bam::memory_kind::host);
           std::mt19937_64 rng(i);
+          const auto per_io = static_cast<std::uint32_t>(buf->size() / c.ns(1).lba_size);
           for (;;) {
-            const std::uint64_t lba = rng() % (c.ns(1).blocks - 128);
+            const std::uint64_t lba = rng() % (c.ns(1).blocks - per_io);
             if (rng() & 1)
-              c.read(1, lba, 128, *buf, 0, i % c.io_queue_count());
+              c.read(1, lba, per_io, *buf, 0, i % c.io_queue_count());
             else
-              c.write(1, lba, 128, *buf, 0, i % c.io_queue_count());
+              c.write(1, lba, per_io, *buf, 0, i % c.io_queue_count());
             ++ops;
           }
         });
@@ -679,14 +736,231 @@ void case_kill(const std::string& dev) {
   // The controller was stopped and can be brought up again by a new process.
   try {
     session s(dev);
-    auto buf = s.t->alloc(4096);
-    s.c->read(1, 0, 8, *buf);
+    auto buf = s.t->alloc(std::max<std::size_t>(4096, s.c->ns(1).lba_size));
+    s.c->read(1, 0, static_cast<std::uint32_t>(buf->size() / s.c->ns(1).lba_size), *buf);
     report("reopen-after-kill", true, "bring-up and I/O by the next process work");
   } catch (const std::exception& e) {
     report("reopen-after-kill", false, e.what());
   }
   std::string d2;
   report("pins-zero-after-close", pins_released(&d2), d2);
+}
+
+//! Read or write `nblocks` at `lba` with a command built here and sent on
+//! I/O queue 0 as it is: what the controller itself answers, with no driver
+//! check (range, MDTS) in the way.
+bam::nvme::status raw_rw(session& s, bam::nvme::nvm_opcode op, std::uint32_t nsid, std::uint64_t lba,
+                         std::uint32_t nblocks, std::uint32_t lba_size, const bam::dma_region& buf) {
+  const std::uint64_t bytes = std::uint64_t{nblocks} * lba_size;
+  const std::size_t pages = bam::nvme::prp_pages_spanned(0, bytes, bam::dma_page_size);
+  const std::size_t lists = bam::nvme::prp_list_pages_needed(pages, bam::dma_page_size);
+  auto list_mem = s.t->alloc(std::max<std::size_t>(lists, 1) * bam::dma_page_size);
+  std::vector<std::uint64_t*> virt;
+  std::vector<std::uint64_t> bus;
+  for (std::size_t i = 0; i < lists; ++i) {
+    virt.push_back(reinterpret_cast<std::uint64_t*>(list_mem->as<unsigned char>() + i * bam::dma_page_size));
+    bus.push_back(list_mem->bus_address(i * bam::dma_page_size));
+  }
+  bam::nvme::prp_pair prp;
+  if (!bam::nvme::build_prp(buf.page_bus().data(), 0, bytes, bam::dma_page_size, virt.data(), bus.data(), lists, prp))
+    return bam::nvme::status_out_of_range;
+  return s.c->io_queue(0).execute(bam::nvme::make_rw(op, nsid, lba, nblocks, prp.prp1, prp.prp2));
+}
+
+std::string status_text(bam::nvme::status st) {
+  return st.ok() ? std::string("success") : std::string(bam::nvme::status_name(st));
+}
+
+//! The geometry the driver found against what QEMU was given, inactive
+//! namespaces, and the transfer limit (MDTS) from both sides.
+void case_geometry(const std::string& dev) {
+  session s(dev);
+  auto& c = *s.c;
+  std::string found;
+  for (const auto& ns : c.namespaces())
+    found += (found.empty() ? "" : ",") + std::to_string(ns.nsid) + ":" + std::to_string(ns.lba_size);
+  if (!opt.expect.empty())
+    report("namespaces-as-configured", found == opt.expect,
+           "driver found " + found + "; QEMU was given " + opt.expect + " (identify NN " +
+               std::to_string(c.identify_data().nn) + ")");
+
+  auto idbuf = s.t->alloc(bam::nvme::identify_data_size);
+  for (const auto& item : split(opt.inactive, ',')) {
+    const auto nsid = static_cast<std::uint32_t>(std::stoul(item));
+    bool driver_refuses = false;
+    try {
+      (void)c.ns(nsid);
+    } catch (const bam::error&) {
+      driver_refuses = true;
+    }
+    std::memset(idbuf->data(), 0xff, bam::nvme::identify_data_size);
+    std::string nsze = "error";
+    bool zero = false;
+    try {
+      c.admin(bam::nvme::make_identify(bam::nvme::identify_cns::ns, nsid, 0), idbuf.get(),
+              bam::nvme::identify_data_size);
+      const auto* id = idbuf->as<nvme_id_ns>();
+      nsze = std::to_string(id->nsze);
+      zero = id->nsze == 0;
+    } catch (const bam::error& e) {
+      nsze = e.what();
+    }
+    auto buf = s.t->alloc(bam::dma_page_size);
+    const bam::nvme::status st = raw_rw(s, bam::nvme::nvm_opcode::read, nsid, 0, 1, 512, *buf);
+    report("inactive-namespace-" + item, driver_refuses && zero && !st.ok(),
+           "driver " + std::string(driver_refuses ? "refuses it" : "lists it") + ", identify NSZE " + nsze +
+               ", a read answered " + status_text(st));
+  }
+
+  const std::uint8_t mdts = c.identify_data().mdts;
+  const std::size_t pool_limit = 2u << 20;
+  const std::size_t want = (mdts == 0 || mdts >= 20) ? pool_limit : std::min<std::size_t>(pool_limit, bam::dma_page_size << mdts);
+  report("mdts-transfer-limit", c.max_transfer_bytes() == want,
+         "MDTS " + std::to_string(mdts) + ": driver moves at most " + std::to_string(c.max_transfer_bytes()) +
+             " bytes per command (want " + std::to_string(want) + ")");
+  for (const auto& ns : c.namespaces()) {
+    const auto max_blocks = static_cast<std::uint32_t>(c.max_transfer_bytes() / ns.lba_size);
+    auto buf = s.t->alloc(c.max_transfer_bytes() + ns.lba_size);
+    const bam::nvme::status at = raw_rw(s, bam::nvme::nvm_opcode::read, ns.nsid, 0, max_blocks, ns.lba_size, *buf);
+    // One block more than MDTS allows: the controller must refuse it.
+    const bool limited = mdts != 0 && c.max_transfer_bytes() == (bam::dma_page_size << mdts);
+    const bam::nvme::status over = limited ? raw_rw(s, bam::nvme::nvm_opcode::read, ns.nsid, 0, max_blocks + 1,
+                                                    ns.lba_size, *buf)
+                                           : bam::nvme::status_success;
+    const bool over_refused = !limited || (over.sct() == bam::nvme::status_type::generic &&
+                                           over.sc() == bam::nvme::generic_status::invalid_field);
+    // Through the driver, a transfer of many times the limit is split and lands whole.
+    const std::uint64_t big = std::min<std::uint64_t>(8 * c.max_transfer_bytes(), ns.blocks * ns.lba_size / 2);
+    const auto big_blocks = static_cast<std::uint32_t>(big / ns.lba_size);
+    auto wbuf = s.t->alloc(big);
+    for (std::uint32_t b = 0; b < big_blocks; ++b)
+      fill_block(wbuf->as<unsigned char>() + std::size_t{b} * ns.lba_size, ns.lba_size, b, 500 + ns.nsid);
+    auto rbuf = s.t->alloc(big);
+    std::uint32_t bad = 0;
+    std::string err;
+    try {
+      c.write(ns.nsid, 0, big_blocks, *wbuf);
+      c.read(ns.nsid, 0, big_blocks, *rbuf);
+      for (std::uint32_t b = 0; b < big_blocks; ++b)
+        bad += !check_block(rbuf->as<unsigned char>() + std::size_t{b} * ns.lba_size, ns.lba_size, b, 500 + ns.nsid);
+    } catch (const bam::error& e) {
+      err = std::string(", ") + e.what();
+    }
+    report("mdts-ns" + std::to_string(ns.nsid), at.ok() && over_refused && err.empty() && bad == 0,
+           std::to_string(max_blocks) + " blocks in one command: " + status_text(at) +
+               (limited ? "; " + std::to_string(max_blocks + 1) + " blocks: " + status_text(over) : std::string()) +
+               "; " + std::to_string(big) + " bytes through the driver, " + std::to_string(bad) + " bad blocks" + err);
+  }
+}
+
+//! Random ioctls (and mmaps) on the device for a while, with pointers to
+//! real memory half of the time: every answer must be a documented errno or
+//! success, and closing must leave nothing pinned or mapped.
+void case_ioctl_fuzz(const std::string& dev) {
+  const int fd = ::open(dev.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    report("ioctl-fuzz", false, std::string("open: ") + std::strerror(errno));
+    return;
+  }
+  constexpr std::size_t arena_bytes = 1 << 20;
+  void* arena = ::mmap(nullptr, arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  std::memset(arena, 0x5a, arena_bytes);
+  const auto base = reinterpret_cast<std::uint64_t>(arena);
+  std::vector<std::uint64_t> bus(arena_bytes / bam::dma_page_size + 64);
+  std::mt19937_64 rng(std::random_device{}());
+  auto coin = [&] { return (rng() & 1) != 0; };
+  auto small_len = [&] { return (1 + rng() % 16) * bam::dma_page_size; };
+  const std::vector<int> documented = {0,      EINVAL, E2BIG,  EFAULT,     ENOMEM, EACCES,
+                                       ENODEV, ENOTTY, EBADF,  EOPNOTSUPP, EPERM,  EBUSY};
+  std::map<int, std::uint64_t> answers;
+  std::vector<std::uint64_t> handles;
+  std::string odd;
+  const unsigned long cmds[] = {BAM_KMOD_IOC_VERSION,    BAM_KMOD_IOC_INFO,  BAM_KMOD_IOC_MAP_HOST,
+                                BAM_KMOD_IOC_MAP_DMABUF, BAM_KMOD_IOC_MAP_GPU, BAM_KMOD_IOC_UNMAP,
+                                BAM_KMOD_IOC_ALLOC};
+  std::uint64_t calls = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(opt.seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    alignas(8) unsigned char arg[64];
+    for (auto& b : arg) b = static_cast<unsigned char>(rng());
+    unsigned long cmd = cmds[rng() % std::size(cmds)];
+    if (rng() % 8 == 0) cmd = _IOC(rng() % 4, BAM_KMOD_IOC_MAGIC, rng() % 16, rng() % 64); // any number, any size
+    if (coin()) {
+      // Plausible arguments: real memory, small lengths, zero reserved fields.
+      if (cmd == BAM_KMOD_IOC_MAP_HOST) {
+        bam_kmod_map_host m{};
+        m.length = small_len();
+        m.vaddr = base + (rng() % (arena_bytes / bam::dma_page_size)) * bam::dma_page_size;
+        m.bus_addrs = reinterpret_cast<std::uintptr_t>(bus.data());
+        m.bus_addr_count = static_cast<std::uint32_t>(coin() ? bus.size() : rng() % 32);
+        std::memcpy(arg, &m, sizeof m);
+      } else if (cmd == BAM_KMOD_IOC_ALLOC) {
+        bam_kmod_alloc a{};
+        a.length = coin() ? small_len() : rng() % (8u << 20);
+        std::memcpy(arg, &a, sizeof a);
+      } else if (cmd == BAM_KMOD_IOC_UNMAP && !handles.empty()) {
+        bam_kmod_unmap u{};
+        const std::size_t k = rng() % handles.size();
+        u.handle = handles[k];
+        handles.erase(handles.begin() + static_cast<std::ptrdiff_t>(k));
+        std::memcpy(arg, &u, sizeof u);
+      } else if (cmd == BAM_KMOD_IOC_MAP_DMABUF) {
+        bam_kmod_map_dmabuf d{};
+        d.fd = static_cast<int>(rng() % 8) - 1;
+        d.length = small_len();
+        d.bus_addrs = reinterpret_cast<std::uintptr_t>(bus.data());
+        d.bus_addr_count = static_cast<std::uint32_t>(bus.size());
+        std::memcpy(arg, &d, sizeof d);
+      }
+    }
+    void* p = rng() % 16 == 0 ? reinterpret_cast<void*>(rng()) : static_cast<void*>(arg);
+    errno = 0;
+    const int rc = ::ioctl(fd, cmd, p);
+    const int e = rc == 0 ? 0 : errno;
+    ++answers[e];
+    ++calls;
+    if (std::find(documented.begin(), documented.end(), e) == documented.end() && odd.empty())
+      odd = "cmd " + hex(cmd) + " answered " + std::strerror(e);
+    if (rc == 0 && (cmd == BAM_KMOD_IOC_MAP_HOST || cmd == BAM_KMOD_IOC_ALLOC)) {
+      std::uint64_t h = 0;
+      std::memcpy(&h, arg + (cmd == BAM_KMOD_IOC_ALLOC ? 16 : 32), sizeof h);
+      handles.push_back(h);
+      if (cmd == BAM_KMOD_IOC_ALLOC && coin()) {
+        bam_kmod_alloc a;
+        std::memcpy(&a, arg, sizeof a);
+        void* m = ::mmap(nullptr, a.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(a.mmap_offset));
+        if (m != MAP_FAILED) {
+          std::memset(m, 1, a.length);
+          ::munmap(m, a.length);
+        }
+      }
+    }
+    if (handles.size() > 32) {
+      bam_kmod_unmap u{handles.front()};
+      handles.erase(handles.begin());
+      ::ioctl(fd, BAM_KMOD_IOC_UNMAP, &u);
+    }
+  }
+  const auto pinned_open = read_sysfs_int("/sys/class/bam-nvme/pinned_pages");
+  ::close(fd); // everything still mapped goes here
+  std::string detail;
+  const bool released = pins_released(&detail);
+  bool works = false;
+  try {
+    session s(dev);
+    auto buf = s.t->alloc(bam::dma_page_size);
+    s.c->read(1, 0, 1, *buf);
+    works = true;
+  } catch (const std::exception& e) {
+    detail += std::string(", afterwards: ") + e.what();
+  }
+  ::munmap(arena, arena_bytes);
+  std::string summary;
+  for (const auto& [e, n] : answers) summary += " " + std::string(e == 0 ? "ok" : strerrorname_np(e)) + "=" + std::to_string(n);
+  report("ioctl-fuzz", odd.empty() && released && works,
+         std::to_string(calls) + " ioctls in " + std::to_string(opt.seconds) + " s:" + summary + "; " +
+             std::to_string(pinned_open) + " pages pinned before close, then " + detail +
+             (odd.empty() ? "" : "; undocumented answer: " + odd));
 }
 
 //! Write a text marker at LBA 5 for the guest script to read back through
@@ -705,23 +979,42 @@ void case_mark(const std::string& dev) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(
-        stderr,
-        "usage: %s all|identify|io|dmabuf|args|unpriv|fork|kill|mark DEVICE [blocks threads]\n",
-        argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s all|identify|geometry|io|dmabuf|args|unpriv|fork|kill|mark|ioctl-fuzz DEVICE "
+                 "[--blocks N] [--threads N] [--queues N] [--depth N] [--expect NSID:LBA,...] "
+                 "[--inactive NSID,...] [--seconds N]\n",
+                 argv[0]);
     return 2;
   }
   const std::string what = argv[1], dev = argv[2];
-  const std::uint64_t blocks = argc > 3 ? std::strtoull(argv[3], nullptr, 0) : 12000;
-  const unsigned threads = argc > 4 ? static_cast<unsigned>(std::strtoul(argv[4], nullptr, 0)) : 4;
+  for (int i = 3; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--blocks") opt.blocks = std::strtoull(v.c_str(), nullptr, 0);
+    else if (k == "--threads") opt.threads = static_cast<unsigned>(std::strtoul(v.c_str(), nullptr, 0));
+    else if (k == "--queues") opt.queues = static_cast<std::uint32_t>(std::strtoul(v.c_str(), nullptr, 0));
+    else if (k == "--depth") opt.depth = static_cast<std::uint32_t>(std::strtoul(v.c_str(), nullptr, 0));
+    else if (k == "--expect") opt.expect = v;
+    else if (k == "--inactive") opt.inactive = v;
+    else if (k == "--seconds") opt.seconds = static_cast<unsigned>(std::strtoul(v.c_str(), nullptr, 0));
+    else {
+      std::fprintf(stderr, "unknown option %s\n", k.c_str());
+      return 2;
+    }
+  }
   const std::vector<std::pair<std::string, std::function<void()>>> cases = {
-      {"identify", [&] { case_identify(dev); }}, {"io", [&] { case_io(dev, blocks, threads); }},
-      {"dmabuf", [&] { case_dmabuf(dev); }},     {"args", [&] { case_args(dev); }},
-      {"unpriv", [&] { case_unpriv(dev); }},     {"fork", [&] { case_fork(dev); }},
-      {"kill", [&] { case_kill(dev); }},         {"mark", [&] { case_mark(dev); }},
+      {"identify", [&] { case_identify(dev); }},
+      {"geometry", [&] { case_geometry(dev); }},
+      {"io", [&] { case_io(dev, opt.blocks, opt.threads); }},
+      {"dmabuf", [&] { case_dmabuf(dev); }},
+      {"args", [&] { case_args(dev); }},
+      {"unpriv", [&] { case_unpriv(dev); }},
+      {"fork", [&] { case_fork(dev); }},
+      {"kill", [&] { case_kill(dev); }},
+      {"mark", [&] { case_mark(dev); }},
+      {"ioctl-fuzz", [&] { case_ioctl_fuzz(dev); }},
   };
   for (const auto& [name, fn] : cases) {
-    if (what != name && (what != "all" || name == "mark")) continue;
+    if (what != name && (what != "all" || name == "mark" || name == "ioctl-fuzz")) continue;
     try {
       fn();
     } catch (const std::exception& e) {

@@ -3,6 +3,10 @@
 //! nothing, so the headers that use them serve g++ tests and nvcc kernels alike.
 #pragma once
 
+#if __cplusplus < 202002L
+#error "bam needs C++20: g++/clang++/nvcc -std=c++20; in CMake link bam::bam (or set CXX_STANDARD and CUDA_STANDARD to 20)"
+#endif
+
 #include <cstdint>
 
 #if defined(__CUDACC__)

@@ -224,6 +224,8 @@ private:
     quarantine_.push_back(std::move(q));
   }
 
+  //! LBA data sizes (log2) a namespace may have to be used.
+  static constexpr unsigned min_lba_shift = 9, max_lba_shift = 24;
   static std::size_t cq_offset(std::uint32_t depth) { return transport::round_up(sizeof(nvme::command) * depth); }
   static void* host_state_alloc(std::size_t bytes);
   static std::string trim(const char* s, std::size_t n);

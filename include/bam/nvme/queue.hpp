@@ -19,7 +19,11 @@
 //!  - `poll`: whoever holds the completion lock consumes new CQ entries
 //!    (phase tag tracked from the virtual head), files each one under its
 //!    command id, records the SQ head it reports, and writes the CQ head
-//!    doorbell once per batch. `try_collect(ticket)` picks a filed result up
+//!    doorbell once per batch. An entry naming another SQ, reporting an SQ
+//!    head outside the queue or not past the slot of the command id's
+//!    current turn (never fetched), or repeating a result already filed is
+//!    consumed and dropped: a duplicate or stray completion never completes a command it
+//!    is not for. `try_collect(ticket)` picks a filed result up
 //!    and frees the command id for its next turn.
 //!  - Every wait has a deadline that measures lack of progress of the
 //!    controller (`detail::progress_deadline`): while a command waits behind
@@ -350,11 +354,22 @@ struct queue_pair_ref {
       const std::uint32_t pos = entry->sq_head;
       // Account for how far the controller has fetched (an out-of-range
       // position from a misbehaving controller is ignored).
-      if (pos < sq_depth) {
+      const bool head_known = pos < sq_depth;
+      if (head_known) {
         sq_head += (pos + sq_depth - sq_head_pos) % sq_depth;
         sq_head_pos = pos;
       }
-      if (cid < ncids) {
+      // Only a command the controller has fetched can complete: the entry
+      // names this SQ, and the SQ head it reports is a slot of this queue and
+      // past the slot of the command id's current turn. A result already
+      // filed and not yet collected is not filed again. Anything else (a
+      // stray or duplicate completion) is consumed and dropped.
+      bool plausible = cid < ncids && entry->sq_id == qid && head_known &&
+                       sq_head > std::uint64_t{device_atomic<std::uint32_t>(cids[cid].free_turn).load(
+                                                   cuda::memory_order_relaxed)} * ncids + cid;
+      if (plausible && cids[cid].record == nullptr)
+        plausible = device_atomic<std::uint32_t>(cids[cid].done).load(cuda::memory_order_relaxed) == 0;
+      if (plausible) {
         completion_record* rec = cids[cid].record;
         if (rec != nullptr) {
           // Deliver, then free the id for its next turn right away.

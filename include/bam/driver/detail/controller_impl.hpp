@@ -84,6 +84,8 @@ inline void controller::bring_up() {
     fail("controller is not responding (CAP reads all ones)");
   if ((cap_.bits.css & 1u) == 0) fail("controller does not support the NVM command set");
   if (cap_.bits.mpsmin > 0) fail("controller needs memory pages larger than 4 KiB (CAP.MPSMIN)");
+  // MQES is 0-based and at least 1: a queue holds two entries or more.
+  if (cap_.bits.mqes == 0) fail("CAP.MQES is 0 (queues of one entry), which no NVMe controller may report");
   dstrd_ = static_cast<std::uint32_t>(cap_.bits.dstrd);
   // CAP.TO is the worst case for CSTS.RDY to change; 0 would mean no wait at all.
   state_timeout_ns_ = std::max<std::uint64_t>(cap_.bits.to, 1) * nvme::cap_timeout_unit_ms * 1'000'000ull;
@@ -167,9 +169,6 @@ inline controller::queue_resources controller::make_queue(std::uint16_t qid, std
   // each ring must be one run of bus addresses.
   check_contiguous(*q.rings, 0, cq_offset(depth), qid, "submission");
   check_contiguous(*q.rings, cq_offset(depth), bytes - cq_offset(depth), qid, "completion");
-  const std::size_t state_bytes = nvme::queue_state_bytes(depth);
-  q.state = qid == 0 ? host_state_alloc(state_bytes) : opts_.state_alloc(state_bytes);
-  if (q.state == nullptr) throw_errno("allocating queue state", ENOMEM, name_);
   auto& r = q.ref;
   r.sq = q.rings->as<nvme::command>();
   r.cq = reinterpret_cast<nvme::completion*>(q.rings->as<unsigned char>() + cq_offset(depth));
@@ -196,6 +195,11 @@ inline controller::queue_resources controller::make_queue(std::uint16_t qid, std
     r.cq_doorbell = transport_->doorbell(cq_db);
     r.doorbell_scope = nvme::memory_scope::system;
   }
+  // Last, once nothing above can throw (a doorbell outside the BAR does):
+  // `q` does not free its state block on its own.
+  const std::size_t state_bytes = nvme::queue_state_bytes(depth);
+  q.state = qid == 0 ? host_state_alloc(state_bytes) : opts_.state_alloc(state_bytes);
+  if (q.state == nullptr) throw_errno("allocating queue state", ENOMEM, name_);
   // The state block may be device memory: compute pointers without touching it.
   r.attach_state(q.state);
   return q;
@@ -255,7 +259,16 @@ inline void controller::identify_namespaces() {
   try {
     admin_owned(nvme::make_identify(nvme::identify_cns::active_ns_list, 0, 0), page, nvme::identify_data_size);
     const auto* list = page->as<std::uint32_t>();
-    for (std::size_t i = 0; i < nvme::identify_data_size / 4 && list[i] != 0; ++i) ids.push_back(list[i]);
+    // The list is in increasing order; an id that is not (a repeat) would
+    // give one NSID two geometries: it ends the list.
+    for (std::size_t i = 0; i < nvme::identify_data_size / 4 && list[i] != 0; ++i) {
+      if (!ids.empty() && list[i] <= ids.back()) {
+        warn("controller " + name_ + ": active namespace list not in increasing order (" + std::to_string(list[i]) +
+             " after " + std::to_string(ids.back()) + "): the rest of it is not used");
+        break;
+      }
+      ids.push_back(list[i]);
+    }
   } catch (const error& e) {
     // NVMe 1.0 controllers lack CNS 2 (Invalid Field): every NSID up to NN
     // is a candidate. Any other failure is reported as it is.
@@ -276,7 +289,15 @@ inline void controller::identify_namespaces() {
     info.blocks = info.id.nsze;
     // FLBAS bits 3:0 and, with more than 16 formats, bits 6:5 as the upper bits.
     const unsigned fmt = (info.id.flbas & 0xfu) | (((info.id.flbas >> 5) & 0x3u) << 4);
-    info.lba_size = 1u << info.id.lbaf[fmt].ds;
+    const unsigned lbads = info.id.lbaf[fmt].ds;
+    // LBADS is at least 9 (512 B) by the spec; beyond 2^24 nothing here could buffer a block.
+    if (lbads < min_lba_shift || lbads > max_lba_shift) {
+      warn("controller " + name_ + ": namespace " + std::to_string(nsid) + " reports LBA data size 2^" +
+           std::to_string(lbads) + " (format " + std::to_string(fmt) + "), outside 2^" +
+           std::to_string(min_lba_shift) + "..2^" + std::to_string(max_lba_shift) + ": namespace not used");
+      continue;
+    }
+    info.lba_size = 1u << lbads;
     namespaces_.push_back(info);
   }
 }

@@ -1,0 +1,509 @@
+// SPDX-License-Identifier: MIT
+// The bam command: controllers bound to bam's kernel module, binding them,
+// identify and health of any device string, and loading data sets onto a
+// device and reading them back. Every subcommand takes --json.
+//
+//   bam list                          NVMe controllers, bam device nodes, owners, pins
+//   bam bind 0000:01:00.0 [--force]   hand a controller to bam_nvme
+//   bam unbind 0000:01:00.0 [--force] give it back to the kernel's nvme driver
+//   bam identify DEVICE               controller, namespaces, queues, limits
+//   bam smart DEVICE                  SMART / health log
+//   bam load FILE DEVICE [--offset 1G] [--verify]     resumable
+//   bam dump DEVICE FILE --length 4G [--offset 1G]
+//   bam checksum FILE                 XXH3-128, as load and dump print it
+//
+// DEVICE is a device string: /dev/bam-nvme0, emu:file=/path/disk.img[,size=8G], emu:ram=64M.
+#include "pci_sysfs.hpp"
+#include "progress.hpp"
+
+#include <bam/controller.hpp>
+#include <bam/dataset.hpp>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <nvme/types.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+using json = nlohmann::ordered_json;
+
+std::atomic<bool> interrupted{false};
+extern "C" void on_interrupt(int) { interrupted.store(true); }
+
+//! Options every subcommand shares.
+struct common_options {
+  bool json = false;
+  bool quiet = false;
+  std::string root = "/"; // system root for sysfs and /proc (tests use a made-up tree)
+};
+
+void print_json(const json& j) { std::cout << j.dump(2) << std::endl; }
+
+std::string hex(std::uint64_t v, int width = 4) {
+  char b[32];
+  std::snprintf(b, sizeof b, "0x%0*llx", width, static_cast<unsigned long long>(v));
+  return b;
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  while (b >= 1024 && u < 5) {
+    b /= 1024;
+    ++u;
+  }
+  char out[32];
+  std::snprintf(out, sizeof out, u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
+  return out;
+}
+
+//! A 128-bit little-endian log counter as a decimal string.
+std::string u128(const std::uint8_t* p) {
+  unsigned __int128 v = 0;
+  for (int i = 15; i >= 0; --i)
+    v = (v << 8) | p[i];
+  if (v == 0) return "0";
+  std::string s;
+  while (v != 0) {
+    s.insert(s.begin(), static_cast<char>('0' + static_cast<int>(v % 10)));
+    v /= 10;
+  }
+  return s;
+}
+
+std::string version_string(std::uint32_t ver) {
+  return std::to_string(ver >> 16) + "." + std::to_string((ver >> 8) & 0xff) + "." +
+         std::to_string(ver & 0xff);
+}
+
+//! The controllers behind a device string, brought up by the driver.
+std::vector<std::unique_ptr<bam::controller>>
+open_device(const std::string& device, std::uint32_t queues, std::uint32_t depth) {
+  const bam::device_spec spec = bam::parse_device(device);
+  std::vector<std::unique_ptr<bam::controller>> out;
+  for (auto& t : bam::open_host_transports(spec)) {
+    bam::controller_options o;
+    o.io_queues = queues;
+    o.queue_depth = depth != 0 ? depth : spec.queue_depth;
+    o.io_timeout_ns = spec.timeout_ns;
+    o.admin_timeout_ns = spec.timeout_ns;
+    out.push_back(std::make_unique<bam::controller>(t, o));
+  }
+  return out;
+}
+
+bam::controller& single(std::vector<std::unique_ptr<bam::controller>>& cs,
+                        const std::string& device) {
+  if (cs.size() != 1)
+    bam::tools::tool_fail("'" + device + "' names " + std::to_string(cs.size()) +
+                          " controllers; loading and dumping work on one controller at a time");
+  return *cs.front();
+}
+
+// ---- list, bind, unbind -------------------------------------------------------
+
+int cmd_list(const common_options& co) {
+  const bam::tools::system_root r{co.root};
+  const auto fns = bam::tools::list_nvme(r);
+  const auto totals = bam::tools::bam_module_totals(r);
+  if (co.json) {
+    json j;
+    j["module_loaded"] = totals.loaded;
+    j["pinned_pages"] = totals.pinned_pages;
+    j["mappings"] = totals.mappings;
+    j["controllers"] = json::array();
+    for (const auto& f : fns) {
+      json c;
+      c["pci"] = f.address;
+      c["vendor"] = f.vendor;
+      c["device"] = f.device;
+      c["driver"] = f.driver;
+      c["bam_devices"] = json::array();
+      for (const auto& b : f.bam_nodes) {
+        json n;
+        n["node"] = "/dev/" + b.name;
+        n["owner_pid"] = b.owner_pid;
+        n["owner"] = b.owner_name;
+        n["pinned_pages"] = b.pinned_pages ? json(*b.pinned_pages) : json(nullptr);
+        n["mappings"] = b.mappings ? json(*b.mappings) : json(nullptr);
+        c["bam_devices"].push_back(n);
+      }
+      c["kernel_controllers"] = f.kernel_controllers;
+      c["namespaces"] = f.block_devices;
+      j["controllers"].push_back(c);
+    }
+    print_json(j);
+    return 0;
+  }
+  if (fns.empty())
+    std::printf("no NVMe controllers (PCI class %s) found\n", bam::tools::nvme_class_code);
+  else
+    std::printf("%-13s %-10s %-9s %-15s %-18s %-7s %s\n", "PCI", "ID", "DRIVER", "DEVICE", "OWNER",
+                "PINNED", "MAPPINGS");
+  for (const auto& f : fns) {
+    const std::string id =
+        f.vendor.substr(f.vendor.rfind('x') + 1) + ":" + f.device.substr(f.device.rfind('x') + 1);
+    if (!f.bam_nodes.empty()) {
+      for (const auto& b : f.bam_nodes) {
+        const std::string owner = b.owner_pid == 0
+                                      ? std::string("-")
+                                      : std::to_string(b.owner_pid) + " (" + b.owner_name + ")";
+        std::printf("%-13s %-10s %-9s %-15s %-18s %-7s %s\n", f.address.c_str(), id.c_str(),
+                    f.driver.c_str(), ("/dev/" + b.name).c_str(), owner.c_str(),
+                    b.pinned_pages ? std::to_string(*b.pinned_pages).c_str() : "?",
+                    b.mappings ? std::to_string(*b.mappings).c_str() : "?");
+      }
+    } else {
+      std::string devs;
+      for (const auto& d : f.block_devices)
+        devs += (devs.empty() ? "" : ",") + d;
+      std::printf("%-13s %-10s %-9s %-15s %-18s %-7s %s\n", f.address.c_str(), id.c_str(),
+                  f.driver.empty() ? "-" : f.driver.c_str(), devs.empty() ? "-" : devs.c_str(), "-",
+                  "-", "-");
+    }
+  }
+  if (totals.loaded)
+    std::printf("bam_nvme: loaded; %lld pages pinned, %lld mappings over all controllers\n",
+                static_cast<long long>(totals.pinned_pages),
+                static_cast<long long>(totals.mappings));
+  else
+    std::printf("bam_nvme: not loaded (modprobe bam_nvme)\n");
+  return 0;
+}
+
+int report_bind(const common_options& co, const bam::tools::bind_result& b, const char* verb) {
+  if (co.json) {
+    json j;
+    j["pci"] = b.address;
+    j["driver_before"] = b.driver_before;
+    j["driver_after"] = b.driver_after;
+    j["changed"] = b.changed;
+    if (!b.node.empty()) j["node"] = b.node;
+    j["forced"] = b.forced;
+    print_json(j);
+    return 0;
+  }
+  for (const auto& f : b.forced)
+    std::fprintf(stderr, "bam %s: --force: going ahead although %s\n", verb, f.c_str());
+  if (!b.changed)
+    std::printf("bam %s: %s is already bound to %s%s%s\n", verb, b.address.c_str(),
+                b.driver_after.c_str(), b.node.empty() ? "" : ": ", b.node.c_str());
+  else
+    std::printf("bam %s: %s -> %s\n", verb, b.address.c_str(),
+                b.node.empty() ? b.driver_after.c_str() : b.node.c_str());
+  return 0;
+}
+
+// ---- identify, smart ---------------------------------------------------------------
+
+json identify_json(const bam::controller& c) {
+  const nvme_id_ctrl& id = c.identify_data();
+  json j;
+  j["name"] = c.name();
+  j["model"] = c.model();
+  j["serial"] = c.serial();
+  j["firmware"] = c.firmware();
+  j["vendor_id"] = hex(id.vid);
+  j["subsystem_vendor_id"] = hex(id.ssvid);
+  j["version"] = version_string(id.ver);
+  j["mdts"] = id.mdts;
+  j["max_transfer_bytes"] = c.max_transfer_bytes();
+  j["nn"] = id.nn;
+  j["oncs"] = hex(id.oncs);
+  j["volatile_write_cache"] = (id.vwc & 1) != 0;
+  j["cap"] = {{"mqes", c.cap().bits.mqes + 1},
+              {"timeout_ms", c.cap().bits.to * 500},
+              {"doorbell_stride", 4u << c.cap().bits.dstrd}};
+  j["io_queues"] = c.io_queue_count();
+  j["namespaces"] = json::array();
+  for (const auto& ns : c.namespaces())
+    j["namespaces"].push_back({{"nsid", ns.nsid},
+                               {"blocks", ns.blocks},
+                               {"lba_size", ns.lba_size},
+                               {"bytes", ns.blocks * ns.lba_size}});
+  return j;
+}
+
+int cmd_identify(const common_options& co, const std::string& device) {
+  // Ask for every queue pair the controller offers (shallow ones: identify
+  // moves no data) so the count reported is the controller's.
+  auto cs = open_device(device, 65535, 2);
+  json all = json::array();
+  for (auto& c : cs)
+    all.push_back(identify_json(*c));
+  if (co.json) {
+    print_json({{"device", device}, {"controllers", all}});
+    return 0;
+  }
+  for (const auto& j : all) {
+    std::printf("controller   %s\n", j["name"].get<std::string>().c_str());
+    std::printf("model        %s\nserial       %s\nfirmware     %s\n",
+                j["model"].get<std::string>().c_str(), j["serial"].get<std::string>().c_str(),
+                j["firmware"].get<std::string>().c_str());
+    std::printf("vendor       %s (subsystem %s), NVMe %s\n",
+                j["vendor_id"].get<std::string>().c_str(),
+                j["subsystem_vendor_id"].get<std::string>().c_str(),
+                j["version"].get<std::string>().c_str());
+    std::printf("transfers    MDTS %u: at most %s per command\n", j["mdts"].get<unsigned>(),
+                human_bytes(j["max_transfer_bytes"].get<double>()).c_str());
+    std::printf("queues       %u I/O queue pairs, up to %u entries each (CAP.MQES+1)\n",
+                j["io_queues"].get<unsigned>(), j["cap"]["mqes"].get<unsigned>());
+    std::printf("namespaces   %zu active of %u\n", j["namespaces"].size(), j["nn"].get<unsigned>());
+    for (const auto& ns : j["namespaces"])
+      std::printf("  nsid %-5u %llu blocks of %u B = %s\n", ns["nsid"].get<unsigned>(),
+                  static_cast<unsigned long long>(ns["blocks"].get<std::uint64_t>()),
+                  ns["lba_size"].get<unsigned>(), human_bytes(ns["bytes"].get<double>()).c_str());
+  }
+  return 0;
+}
+
+int cmd_smart(const common_options& co, const std::string& device) {
+  auto cs = open_device(device, 1, 0);
+  json all = json::array();
+  for (auto& c : cs) {
+    auto buf = c->transport_ref().alloc(bam::dma_page_size);
+    c->get_log_page(bam::nvme::log_page_id::smart_health, 0xffffffffu, *buf,
+                    sizeof(nvme_smart_log));
+    const auto* s = buf->as<nvme_smart_log>();
+    const int kelvin = s->temperature[0] | (s->temperature[1] << 8);
+    json j;
+    j["name"] = c->name();
+    j["critical_warning"] = hex(s->critical_warning, 2);
+    j["temperature_celsius"] = kelvin == 0 ? json(nullptr) : json(kelvin - 273);
+    j["available_spare_percent"] = s->avail_spare;
+    j["available_spare_threshold_percent"] = s->spare_thresh;
+    j["percentage_used"] = s->percent_used;
+    j["data_units_read"] = u128(s->data_units_read);
+    j["data_units_written"] = u128(s->data_units_written);
+    j["host_read_commands"] = u128(s->host_reads);
+    j["host_write_commands"] = u128(s->host_writes);
+    j["controller_busy_minutes"] = u128(s->ctrl_busy_time);
+    j["power_cycles"] = u128(s->power_cycles);
+    j["power_on_hours"] = u128(s->power_on_hours);
+    j["unsafe_shutdowns"] = u128(s->unsafe_shutdowns);
+    j["media_errors"] = u128(s->media_errors);
+    j["error_log_entries"] = u128(s->num_err_log_entries);
+    all.push_back(j);
+  }
+  if (co.json) {
+    print_json({{"device", device}, {"controllers", all}});
+    return 0;
+  }
+  for (const auto& j : all) {
+    std::printf("%-36s%s\n", "controller", j["name"].get<std::string>().c_str());
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (it.key() == "name") continue;
+      std::string v = it->is_string() ? it->get<std::string>() : it->dump();
+      if (it.key().rfind("data_units", 0) == 0) v += " (x 512,000 bytes)";
+      std::printf("%-36s%s\n", it.key().c_str(), v.c_str());
+    }
+  }
+  return 0;
+}
+
+// ---- load, dump, checksum --------------------------------------------------------------
+
+struct transfer_args {
+  std::string file, device;
+  std::uint64_t offset = 0, length = 0, chunk = 1 << 20, max_rate = 0;
+  std::uint32_t nsid = 1, queues = 4;
+  bool verify = false, restart = false;
+  std::string state;
+};
+
+json result_json(const char* what, const transfer_args& a, const bam::dataset_result& r) {
+  json j;
+  j["command"] = what;
+  j["device"] = a.device;
+  j["file"] = a.file;
+  j["nsid"] = a.nsid;
+  j["offset"] = a.offset;
+  j["bytes"] = r.bytes;
+  j["chunks"] = r.chunks;
+  if (std::string(what) == "load") {
+    j["resumed_chunks"] = r.resumed_chunks;
+    j["verified_chunks"] = r.verified_chunks;
+  }
+  j["checksum"] = r.checksum;
+  j["seconds"] = r.seconds;
+  j["bytes_per_second"] = r.seconds > 0 ? static_cast<double>(r.bytes) / r.seconds : 0.0;
+  return j;
+}
+
+bam::dataset_options dataset_opts(const transfer_args& a, bam::tools::progress_bar* bar) {
+  bam::dataset_options o;
+  o.nsid = a.nsid;
+  o.offset = a.offset;
+  o.chunk_bytes = a.chunk;
+  o.queues = a.queues;
+  o.max_bytes_per_second = a.max_rate;
+  o.verify = a.verify;
+  o.resume = !a.restart;
+  o.state_path = a.state;
+  o.cancel = &interrupted;
+  if (bar != nullptr)
+    o.progress = [bar](const bam::transfer_progress& p) {
+      bar->update(p.bytes_done, p.bytes_total, p.seconds);
+    };
+  return o;
+}
+
+int cmd_load(const common_options& co, const transfer_args& a) {
+  auto cs = open_device(a.device, a.queues, 0);
+  bam::controller& c = single(cs, a.device);
+  bam::tools::progress_bar bar("load", !co.json && !co.quiet);
+  const auto r = bam::load_dataset(c, a.file, dataset_opts(a, &bar));
+  bar.finish();
+  if (co.json) {
+    print_json(result_json("load", a, r));
+    return 0;
+  }
+  std::printf("loaded %s (%llu bytes) onto %s namespace %u at offset %llu in %.2f s (%s/s)\n",
+              a.file.c_str(), static_cast<unsigned long long>(r.bytes), a.device.c_str(), a.nsid,
+              static_cast<unsigned long long>(a.offset), r.seconds,
+              human_bytes(r.seconds > 0 ? static_cast<double>(r.bytes) / r.seconds : 0).c_str());
+  if (r.resumed_chunks != 0)
+    std::printf("resumed: %llu of %llu chunks were already on the device\n",
+                static_cast<unsigned long long>(r.resumed_chunks),
+                static_cast<unsigned long long>(r.chunks));
+  if (a.verify)
+    std::printf("verified: %llu chunks read back equal\n",
+                static_cast<unsigned long long>(r.verified_chunks));
+  std::printf("checksum %s\n", r.checksum.c_str());
+  return 0;
+}
+
+int cmd_dump(const common_options& co, const transfer_args& a) {
+  auto cs = open_device(a.device, a.queues, 0);
+  bam::controller& c = single(cs, a.device);
+  bam::tools::progress_bar bar("dump", !co.json && !co.quiet && a.file != "-");
+  const auto r = bam::dump_dataset(c, a.file, a.length, dataset_opts(a, &bar));
+  bar.finish();
+  if (co.json) {
+    print_json(result_json("dump", a, r));
+    return 0;
+  }
+  if (a.file == "-") {
+    std::fprintf(stderr, "checksum %s\n", r.checksum.c_str());
+    return 0;
+  }
+  std::printf("dumped %llu bytes of %s namespace %u at offset %llu to %s in %.2f s (%s/s)\n",
+              static_cast<unsigned long long>(r.bytes), a.device.c_str(), a.nsid,
+              static_cast<unsigned long long>(a.offset), a.file.c_str(), r.seconds,
+              human_bytes(r.seconds > 0 ? static_cast<double>(r.bytes) / r.seconds : 0).c_str());
+  std::printf("checksum %s\n", r.checksum.c_str());
+  return 0;
+}
+
+int cmd_checksum(const common_options& co, const std::string& file) {
+  const std::string sum = bam::file_checksum(file);
+  if (co.json)
+    print_json({{"file", file}, {"checksum", sum}});
+  else
+    std::printf("%s  %s\n", sum.c_str(), file.c_str());
+  return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "bam: NVMe controllers for GPU programs. Lists, binds and identifies controllers; loads data "
+      "sets onto a device and reads them back.\nDEVICE is a device string: /dev/bam-nvme0, "
+      "emu:file=/path/disk.img[,size=8G], emu:ram=64M"};
+  app.require_subcommand(1);
+  app.fallthrough();
+  common_options co;
+  app.add_flag("--json", co.json, "machine-readable output");
+  app.add_flag("-q,--quiet", co.quiet, "no progress bar");
+  app.add_option("--root", co.root, "system root holding sys/ and proc/ (for tests)")->group("");
+
+  auto* list = app.add_subcommand(
+      "list", "NVMe controllers, the bam device nodes bound to them, owners, pinned pages");
+  std::string pci;
+  bool force = false;
+  auto* bind = app.add_subcommand(
+      "bind", "hand an NVMe controller to the bam_nvme module (-> /dev/bam-nvmeN)");
+  bind->add_option("pci", pci, "PCI address, e.g. 0000:01:00.0")->required();
+  bind->add_flag("--force", force,
+                 "take it even if a namespace is mounted or held (data loss likely)");
+  auto* unbind = app.add_subcommand("unbind", "give a controller back to the kernel's nvme driver");
+  unbind->add_option("pci", pci, "PCI address")->required();
+  unbind->add_flag("--force", force,
+                   "even while a process has the device open (its mappings are revoked)");
+
+  std::string device;
+  auto* identify =
+      app.add_subcommand("identify", "controller and namespace identify data, queues and limits");
+  identify->add_option("device", device, "device string")->required();
+  auto* smart = app.add_subcommand("smart", "SMART / health information log");
+  smart->add_option("device", device, "device string")->required();
+
+  transfer_args ta;
+  auto size_option = [](CLI::App* sub, const char* name, std::uint64_t& v, const char* help) {
+    return sub->add_option(name, v, help)->transform(CLI::AsSizeValue(false));
+  };
+  auto* load = app.add_subcommand(
+      "load", "write a file onto a device (resumable: run it again after an interruption)");
+  load->add_option("file", ta.file, "source file")->required()->check(CLI::ExistingFile);
+  load->add_option("device", ta.device, "device string")->required();
+  size_option(load, "--offset", ta.offset,
+              "byte offset on the namespace (K, M, G suffixes; a multiple of the LBA size)");
+  load->add_option("--nsid", ta.nsid, "namespace")->check(CLI::Range(1u, 0xfffffffeu));
+  size_option(load, "--chunk", ta.chunk, "bytes per command batch (default 1M)");
+  load->add_option("--queues", ta.queues, "I/O queue pairs to use")->check(CLI::Range(1u, 1024u));
+  load->add_flag("--verify", ta.verify, "read every chunk back and compare checksums");
+  load->add_flag("--restart", ta.restart, "ignore the state of an interrupted load and start over");
+  load->add_option("--state", ta.state, "state file (default: FILE.bam-load)");
+  size_option(load, "--max-rate", ta.max_rate, "bytes per second at most (default: no limit)");
+  auto* dump = app.add_subcommand(
+      "dump", "read a byte range of a device into a file ('-': standard output)");
+  dump->add_option("device", ta.device, "device string")->required();
+  dump->add_option("file", ta.file, "output file")->required();
+  size_option(dump, "--length", ta.length, "bytes to read")->required();
+  size_option(dump, "--offset", ta.offset, "byte offset on the namespace");
+  dump->add_option("--nsid", ta.nsid, "namespace")->check(CLI::Range(1u, 0xfffffffeu));
+  size_option(dump, "--chunk", ta.chunk, "bytes per command batch (default 1M)");
+  dump->add_option("--queues", ta.queues, "I/O queue pairs to use")->check(CLI::Range(1u, 1024u));
+  size_option(dump, "--max-rate", ta.max_rate, "bytes per second at most");
+  std::string file;
+  auto* checksum =
+      app.add_subcommand("checksum", "XXH3-128 of a file, in the form load and dump print");
+  checksum->add_option("file", file, "file")->required()->check(CLI::ExistingFile);
+
+  CLI11_PARSE(app, argc, argv);
+
+  std::signal(SIGINT, on_interrupt);
+  std::signal(SIGTERM, on_interrupt);
+  try {
+    if (*list) return cmd_list(co);
+    const bam::tools::system_root root{co.root};
+    if (*bind) return report_bind(co, bam::tools::bind_controller(root, pci, force), "bind");
+    if (*unbind) return report_bind(co, bam::tools::unbind_controller(root, pci, force), "unbind");
+    if (*identify) return cmd_identify(co, device);
+    if (*smart) return cmd_smart(co, device);
+    if (*load) return cmd_load(co, ta);
+    if (*dump) return cmd_dump(co, ta);
+    if (*checksum) return cmd_checksum(co, file);
+  } catch (const bam::error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    if (co.json) print_json({{"error", e.what()}, {"errno", e.errnum()}});
+    return e.errnum() == EINTR ? 130 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bam: %s\n", e.what());
+    if (co.json) print_json({{"error", e.what()}});
+    return 1;
+  }
+  return 0;
+}
