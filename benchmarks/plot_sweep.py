@@ -49,12 +49,12 @@ def main():
         sys.exit(f"plot_sweep: no result JSON in {folder}")
     meta = next(iter(runs.values()))
     drv = meta["driver"]
-    title = f"{meta['gpu']}, CUDA driver {drv // 1000}.{drv % 1000 // 10}, commit {meta['commit']}, {meta['date'][:10]}"
+    title = f"{meta['gpu']}, CUDA driver {drv // 1000}.{drv % 1000 // 10}, {meta['date'][:10]}\ncommit {meta['commit']}"
 
     # Threads sweep.
     pts = sorted(sweep(runs, "threads-"), key=lambda p: int(p[0]))
     if pts:
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig, ax = plt.subplots(figsize=(6.5, 4.4))
         plot_line(ax, [int(p[0]) for p in pts], [p[1]["ops_per_s"] / 1e6 for p in pts], "raw 512 B reads, null media")
         ax.set_xscale("log", base=2)
         ax.set_xlabel("GPU threads")
@@ -67,7 +67,7 @@ def main():
     # I/O size sweep against the zero-copy gather of the same run.
     pts = sorted(sweep(runs, "iosize-"), key=lambda p: int(p[0]))
     if pts:
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig, ax = plt.subplots(figsize=(6.5, 4.4))
         xs = [int(p[0]) for p in pts]
         plot_line(ax, xs, [p[1]["GB_per_s"] for p in pts], "bam raw reads (host RAM media)")
         ceil = [ceiling(runs["iosize-" + p[0]], "GPU zero-copy") for p in pts]
@@ -84,7 +84,7 @@ def main():
     # Queues x depth.
     pts = sweep(runs, "queues-")
     if pts:
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig, ax = plt.subplots(figsize=(6.5, 4.4))
         by_q = {}
         for name, r in pts:
             q, _, d = name.split("-")
@@ -103,7 +103,7 @@ def main():
     # Cache size.
     pts = sorted(sweep(runs, "cache-"), key=lambda p: int(p[0]))
     if pts:
-        fig, ax1 = plt.subplots(figsize=(6, 4))
+        fig, ax1 = plt.subplots(figsize=(6.5, 4.4))
         xs = [int(p[0]) for p in pts]
         plot_line(ax1, xs, [p[1]["GB_per_s"] for p in pts], "range reads, GB/s")
         ax2 = ax1.twinx()
@@ -122,17 +122,18 @@ def main():
     # Summary: every run, with its ratio to a ceiling where the run measured one.
     summary = []
     for name, r in runs.items():
-        x = first(r)
-        row = {"run": name, "device": x["device"], "mode": x["mode"], "io_bytes": x["io_bytes"],
-               "threads": x["threads"], "Mops_per_s": x["ops_per_s"] / 1e6, "GB_per_s": x["GB_per_s"]}
-        if "hit_rate" in x:
-            row["hit_rate"] = x["hit_rate"]
-        for prefix, key in (("GPU zero-copy", "zero_copy"), ("random gather inside GPU", "hbm_gather")):
-            c = ceiling(r, prefix)
-            if c:
-                row[f"{key}_GB_per_s"] = c
-                row[f"ratio_to_{key}"] = x["GB_per_s"] / c
-        summary.append(row)
+        for x in r["results"]:
+            row = {"run": name if len(r["results"]) == 1 else f"{name} {x['device']}", "device": x["device"],
+                   "mode": x["mode"], "io_bytes": x["io_bytes"], "threads": x["threads"],
+                   "Mops_per_s": x["ops_per_s"] / 1e6, "GB_per_s": x["GB_per_s"]}
+            if "hit_rate" in x:
+                row["hit_rate"] = x["hit_rate"]
+            for prefix, key in (("GPU zero-copy", "zero_copy"), ("random gather inside GPU", "hbm_gather")):
+                c = ceiling(r, prefix)
+                if c:
+                    row[f"{key}_GB_per_s"] = c
+                    row[f"ratio_to_{key}"] = x["GB_per_s"] / c
+            summary.append(row)
     (folder / "summary.json").write_text(json.dumps({"title": title, "runs": summary}, indent=2) + "\n")
     for row in summary:
         ratios = " ".join(f"{k}={v:.2f}" for k, v in row.items() if k.startswith("ratio"))
