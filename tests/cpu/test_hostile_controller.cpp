@@ -181,3 +181,34 @@ TEST_CASE("a completion reporting an SQ head outside the queue is dropped", "[qu
   CHECK(h.q.wait(a, &dw0) == nvme::status_success);
   CHECK(dw0 == 0xa);
 }
+
+TEST_CASE("a controller that reports a lower bound of its SQ head completes commands out of fetch order",
+          "[queue][hostile]") {
+  // The GPU engine posts completions out of fetch order and reports the count
+  // of CQ entries as the SQ head; its queues say so (sq_head_exact = false).
+  hand_queue h;
+  h.q.sq_head_exact = false;
+  std::uint64_t a = 0, b = 0;
+  REQUIRE(h.q.submit(nvme::make_flush(1), a) == nvme::status_success);
+  REQUIRE(h.q.submit(nvme::make_flush(1), b) == nvme::status_success);
+  h.post(h.q.cid_of(b), h.q.qid, 1, 0xb); // b first, with a head that covers one entry
+  h.post(h.q.cid_of(a), h.q.qid, 2, 0xa);
+  std::uint32_t dw0 = 0;
+  CHECK(h.q.wait(b, &dw0) == nvme::status_success);
+  CHECK(dw0 == 0xb);
+  CHECK(h.q.wait(a, &dw0) == nvme::status_success);
+  CHECK(dw0 == 0xa);
+  // Duplicates and other SQs are still dropped.
+  std::uint64_t c = 0;
+  REQUIRE(h.q.submit(nvme::make_flush(1), c) == nvme::status_success);
+  h.post(h.q.cid_of(c), static_cast<std::uint16_t>(h.q.qid + 1), 3, 0xbad);
+  h.post(h.q.cid_of(c), h.q.qid, 3, 0xc);
+  h.post(h.q.cid_of(c), h.q.qid, 3, 0xbad); // the same completion again, before it is collected
+  CHECK(h.q.poll() == 3);
+  CHECK(h.q.wait(c, &dw0) == nvme::status_success);
+  CHECK(dw0 == 0xc);
+}
+
+TEST_CASE("the CPU engine reports its fetch position as the SQ head", "[queue][hostile]") {
+  CHECK(emu::make_ram_controller(1 << 20)->exact_sq_head());
+}

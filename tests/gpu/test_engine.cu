@@ -241,6 +241,7 @@ public:
   volatile std::uint32_t* device_doorbell(std::uint32_t o) override { return c_->device_doorbell(o); }
   bam::nvme::memory_scope device_doorbell_scope() const override { return c_->device_doorbell_scope(); }
   bam::device_progress device_progress_hook() const override { return c_->device_progress_hook(); }
+  bool exact_sq_head() const override { return c_->exact_sq_head(); }
   std::size_t device_map_alignment() const override { return bam::gpu_page_size; }
   std::unique_ptr<bam::dma_region> map(void* p, std::size_t n, bam::memory_kind k) override {
     check_map_args(p, n, k); // throws for GPU memory not in 64 KiB units

@@ -266,6 +266,7 @@ public:
   }
   nvme::memory_scope device_doorbell_scope() const override { return io_engine_->device_doorbell_scope(); }
   device_progress device_progress_hook() const override { return io_engine_->device_progress_hook(); }
+  bool exact_sq_head() const override { return io_engine_->exact_sq_head(); }
 
   std::unique_ptr<dma_region> map(void* ptr, std::size_t size, memory_kind kind) override {
     check_map_args(ptr, size, kind);

@@ -144,6 +144,8 @@ public:
   virtual nvme::memory_scope device_doorbell_scope() const { return nvme::memory_scope::system; }
   //! What GPU threads waiting on the queues must do (see transport/device_progress.hpp).
   virtual device_progress device_progress_hook() const { return {}; }
+  //! Whether completions carry the SQ fetch position (see `transport::exact_sq_head`).
+  virtual bool exact_sq_head() const { return true; }
   //! NVM commands this engine executed outside the controller's own counters.
   virtual nvm_counters counters() const { return {}; }
   //! Extra places the controller's fault table must be copied to (the GPU

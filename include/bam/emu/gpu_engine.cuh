@@ -186,6 +186,9 @@ public:
   }
   //! The doorbells are GPU memory read by GPU threads only.
   nvme::memory_scope device_doorbell_scope() const override { return nvme::memory_scope::device; }
+  //! Completions are posted out of fetch order and report the count of CQ
+  //! entries posted as the SQ head: a safe lower bound, not the fetch position.
+  bool exact_sq_head() const override { return false; }
   device_progress device_progress_hook() const override {
     return {device_progress::kind::emu_gpu_engine, 0, ref_dev_.get()};
   }

@@ -212,6 +212,11 @@ struct queue_pair_ref {
   std::uint16_t qid = 0;
   memory_scope doorbell_scope = memory_scope::system; //!< who reads the doorbells
   memory_scope cq_scope = memory_scope::system;       //!< who writes the CQ
+  //! The controller reports its fetch position as the SQ head of each
+  //! completion (the spec's rule). False for a controller that reports a
+  //! lower bound instead (the GPU engine: the count of CQ entries posted):
+  //! then a completion's SQ head does not say whether its command was fetched.
+  bool sq_head_exact = true;
   std::uint64_t timeout_ns = default_queue_timeout_ns;
 
   //! Point the handle's state at `state`, a zero-filled block of
@@ -364,9 +369,10 @@ struct queue_pair_ref {
       // past the slot of the command id's current turn. A result already
       // filed and not yet collected is not filed again. Anything else (a
       // stray or duplicate completion) is consumed and dropped.
-      bool plausible = cid < ncids && entry->sq_id == qid && head_known &&
-                       sq_head > std::uint64_t{device_atomic<std::uint32_t>(cids[cid].free_turn).load(
-                                                   cuda::memory_order_relaxed)} * ncids + cid;
+      bool plausible = cid < ncids && entry->sq_id == qid && head_known;
+      if (plausible && sq_head_exact)
+        plausible = sq_head > std::uint64_t{device_atomic<std::uint32_t>(cids[cid].free_turn).load(
+                                  cuda::memory_order_relaxed)} * ncids + cid;
       if (plausible && cids[cid].record == nullptr)
         plausible = device_atomic<std::uint32_t>(cids[cid].done).load(cuda::memory_order_relaxed) == 0;
       if (plausible) {

@@ -113,6 +113,9 @@ public:
   //! What GPU threads waiting on this controller's queues must do to make it
   //! progress (nothing for a device or for host threads serving it).
   virtual device_progress device_progress_hook() const { return {}; }
+  //! Whether the controller reports its fetch position as each completion's
+  //! SQ head (see `nvme::queue_pair_ref::sq_head_exact`).
+  virtual bool exact_sq_head() const { return true; }
 
   //! Make `[ptr, ptr + size)` reachable by the controller. `ptr` and `size`
   //! must be multiples of `dma_page_size` (GPU memory: of
