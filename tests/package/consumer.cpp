@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: MIT
 // Built by the package test against an installed bam (or bam's tree through
 // add_subdirectory): brings up the software controller and round-trips one
-// block; with CUDA, also encodes commands in a kernel (consumer_kernel.cu)
-// when a GPU is present.
+// block; with CUDA, also writes and sums a bam::array in a kernel
+// (consumer_kernel.cu) when a GPU is present.
 #include <bam/controller.hpp>
 #include <bam/emu.hpp>
 
@@ -10,8 +10,8 @@
 #include <cstring>
 
 #if BAM_CONSUMER_CUDA
-// consumer_kernel.cu: -1 without a GPU, else the number of wrong commands.
-int encode_reads_on_gpu(unsigned count);
+// consumer_kernel.cu: -1 without a GPU, 0 if the kernel summed the array right.
+int sum_array_on_gpu(unsigned n);
 #endif
 
 int main() {
@@ -25,11 +25,11 @@ int main() {
   const bool ok = buf->as<unsigned char>()[511] == 0x42;
   std::printf("%s: %s\n", ctrl.model().c_str(), ok ? "round trip ok" : "round trip FAILED");
 #if BAM_CONSUMER_CUDA
-  const int bad = encode_reads_on_gpu(1024);
+  const int bad = sum_array_on_gpu(1 << 20);
   if (bad < 0)
     std::printf("kernel built; no GPU here to run it\n");
   else
-    std::printf("kernel encoded 1024 commands, %d wrong\n", bad);
+    std::printf("kernel summed a bam::array of 2^20 elements: %s\n", bad == 0 ? "ok" : "WRONG");
   if (bad > 0) return 1;
 #endif
   return ok ? 0 : 1;
