@@ -24,28 +24,37 @@ namespace bam {
 
 namespace detail {
 
+//! One word of cache memory, not through L1. `Ordered`: a volatile load the
+//! compiler keeps in program order (`ld_cg`); otherwise `__ldcg`, which it
+//! may batch with its neighbours.
+template <bool Ordered, class W>
+BAM_DEVICE W load_cg_word(const W* p) {
+  if constexpr (Ordered) return ld_cg(p);
+  else return __ldcg(p);
+}
+
 //! Load a T from cache memory without L1 (another SM or the engine may have filled it).
-template <class T>
+template <class T, bool Ordered = true>
 BAM_DEVICE T load_uncached(const T* p) {
   T t;
   if constexpr (sizeof(T) == 1) {
-    const unsigned char v = ld_cg(reinterpret_cast<const unsigned char*>(p));
+    const unsigned char v = load_cg_word<Ordered>(reinterpret_cast<const unsigned char*>(p));
     std::memcpy(&t, &v, 1);
   } else if constexpr (sizeof(T) == 2) {
-    const unsigned short v = ld_cg(reinterpret_cast<const unsigned short*>(p));
+    const unsigned short v = load_cg_word<Ordered>(reinterpret_cast<const unsigned short*>(p));
     std::memcpy(&t, &v, 2);
   } else if constexpr (sizeof(T) == 4) {
-    const unsigned v = ld_cg(reinterpret_cast<const unsigned*>(p));
+    const unsigned v = load_cg_word<Ordered>(reinterpret_cast<const unsigned*>(p));
     std::memcpy(&t, &v, 4);
   } else if constexpr (sizeof(T) == 8) {
-    const unsigned long long v = ld_cg(reinterpret_cast<const unsigned long long*>(p));
+    const unsigned long long v = load_cg_word<Ordered>(reinterpret_cast<const unsigned long long*>(p));
     std::memcpy(&t, &v, 8);
   } else {
     static_assert(sizeof(T) % 16 == 0, "element sizes are powers of two");
     const auto* s = reinterpret_cast<const uint4*>(p);
     uint4 v[sizeof(T) / 16];
 #pragma unroll
-    for (std::size_t k = 0; k < sizeof(T) / 16; ++k) v[k] = ld_cg(s + k);
+    for (std::size_t k = 0; k < sizeof(T) / 16; ++k) v[k] = load_cg_word<Ordered>(s + k);
     std::memcpy(&t, v, sizeof(T));
   }
   return t;
@@ -83,27 +92,7 @@ BAM_DEVICE void store_uncached(T* p, const T& value) {
 //! addresses depend on the pin, so none is issued before it.
 template <class T>
 BAM_DEVICE T load_page(const T* p) {
-  T t;
-  if constexpr (sizeof(T) == 1) {
-    const unsigned char v = __ldcg(reinterpret_cast<const unsigned char*>(p));
-    std::memcpy(&t, &v, 1);
-  } else if constexpr (sizeof(T) == 2) {
-    const unsigned short v = __ldcg(reinterpret_cast<const unsigned short*>(p));
-    std::memcpy(&t, &v, 2);
-  } else if constexpr (sizeof(T) == 4) {
-    const unsigned v = __ldcg(reinterpret_cast<const unsigned*>(p));
-    std::memcpy(&t, &v, 4);
-  } else if constexpr (sizeof(T) == 8) {
-    const unsigned long long v = __ldcg(reinterpret_cast<const unsigned long long*>(p));
-    std::memcpy(&t, &v, 8);
-  } else {
-    const auto* s = reinterpret_cast<const uint4*>(p);
-    uint4 v[sizeof(T) / 16];
-#pragma unroll
-    for (std::size_t k = 0; k < sizeof(T) / 16; ++k) v[k] = __ldcg(s + k);
-    std::memcpy(&t, v, sizeof(T));
-  }
-  return t;
+  return load_uncached<T, false>(p);
 }
 
 //! The first 32 bits of a value (to derive a dependency token from it).
