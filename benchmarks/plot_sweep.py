@@ -42,6 +42,17 @@ def plot_line(ax, xs, ys, label, **kw):
         ax.annotate(f"{y:.0f}" if y >= 100 else f"{y:.3g}", (x, y), textcoords="offset points", xytext=(0, 5), ha="center", fontsize=7)
 
 
+def finish(fig, ax, xlabel, ylabel, heading, title, path):
+    """Log-2 x axis, labels, legend; writes the figure to `path`."""
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{heading}\n{title}", fontsize=8)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main():
     folder = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else ".")
     runs = load(folder)
@@ -56,13 +67,7 @@ def main():
     if pts:
         fig, ax = plt.subplots(figsize=(6.5, 4.4))
         plot_line(ax, [int(p[0]) for p in pts], [p[1]["ops_per_s"] / 1e6 for p in pts], "raw 512 B reads, null media")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("GPU threads")
-        ax.set_ylabel("M commands/s")
-        ax.set_title(f"Commands per second vs threads\n{title}", fontsize=8)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(folder / "threads.png", dpi=120)
+        finish(fig, ax, "GPU threads", "M commands/s", "Commands per second vs threads", title, folder / "threads.png")
 
     # I/O size sweep against the zero-copy gather of the same run.
     pts = sorted(sweep(runs, "iosize-"), key=lambda p: int(p[0]))
@@ -73,13 +78,7 @@ def main():
         ceil = [ceiling(runs["iosize-" + p[0]], "GPU zero-copy") for p in pts]
         if all(c is not None for c in ceil):
             plot_line(ax, xs, ceil, "zero-copy gather (ceiling, same run)", linestyle="--")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("bytes per command")
-        ax.set_ylabel("GB/s")
-        ax.set_title(f"Host-RAM path vs I/O size\n{title}", fontsize=8)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(folder / "iosize.png", dpi=120)
+        finish(fig, ax, "bytes per command", "GB/s", "Host-RAM path vs I/O size", title, folder / "iosize.png")
 
     # Queues x depth.
     pts = sweep(runs, "queues-")
@@ -92,13 +91,8 @@ def main():
         for q in sorted(by_q):
             v = sorted(by_q[q])
             plot_line(ax, [x for x, _ in v], [y for _, y in v], f"{q} queues")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("queue depth")
-        ax.set_ylabel("M commands/s")
-        ax.set_title(f"Raw 512 B reads, null media: queues x depth\n{title}", fontsize=8)
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(folder / "queues.png", dpi=120)
+        finish(fig, ax, "queue depth", "M commands/s", "Raw 512 B reads, null media: queues x depth", title,
+               folder / "queues.png")
 
     # Cache size.
     pts = sorted(sweep(runs, "cache-"), key=lambda p: int(p[0]))
@@ -110,14 +104,9 @@ def main():
         ax2.plot(xs, [100 * p[1].get("hit_rate", 0) for p in pts], color="gray", linestyle=":", marker="x",
                  label="hit rate %")
         ax2.set_ylabel("hit rate %")
-        ax1.set_xscale("log", base=2)
-        ax1.set_xlabel("cache MiB (working set 2048 MiB)")
-        ax1.set_ylabel("GB/s")
-        ax1.set_title(f"Page cache size, 4 KiB pages, host RAM media\n{title}", fontsize=8)
-        ax1.legend(loc="upper left", fontsize=8)
         ax2.legend(loc="lower right", fontsize=8)
-        fig.tight_layout()
-        fig.savefig(folder / "cache.png", dpi=120)
+        finish(fig, ax1, "cache MiB (working set 2048 MiB)", "GB/s", "Page cache size, 4 KiB pages, host RAM media",
+               title, folder / "cache.png")
 
     # Summary: every run, with its ratio to a ceiling where the run measured one.
     summary = []

@@ -426,6 +426,9 @@ struct queue_pair_ref {
   BAM_HD status wait(std::uint64_t ticket, std::uint32_t* dw0 = nullptr) const;
   //! Wait for a command published with a `completion_record`.
   BAM_HD status wait(std::uint64_t ticket, const completion_record& record, std::uint32_t* dw0 = nullptr) const;
+  //! The wait loop of both `wait`s.
+  template <class Done>
+  BAM_HD status wait_until(std::uint64_t ticket, Done&& done) const;
   //! Submit and wait.
   BAM_HD status execute(const command& cmd, std::uint32_t* dw0 = nullptr) const {
     std::uint64_t ticket = 0;
@@ -494,13 +497,16 @@ BAM_HD inline status queue_pair_ref::submit(const command& cmd, std::uint64_t& t
   return status_success;
 }
 
-BAM_HD inline status queue_pair_ref::wait(std::uint64_t ticket, std::uint32_t* dw0) const {
+//! Drive the queue until `done(st)` takes the result of `ticket`, the queue
+//! breaks, or the controller stops making progress.
+template <class Done>
+BAM_HD inline status queue_pair_ref::wait_until(std::uint64_t ticket, Done&& done) const {
   detail::progress_deadline dl;
   dl.start(*this);
   bam::detail::backoff pause;
   status st;
   for (;;) {
-    if (try_collect(ticket, st, dw0)) return st;
+    if (done(st)) return st;
     ring();
     if (poll() != 0) continue;
     if (broken()) return status_queue_broken;
@@ -512,26 +518,19 @@ BAM_HD inline status queue_pair_ref::wait(std::uint64_t ticket, std::uint32_t* d
   }
 }
 
+BAM_HD inline status queue_pair_ref::wait(std::uint64_t ticket, std::uint32_t* dw0) const {
+  return wait_until(ticket, [&](status& st) { return try_collect(ticket, st, dw0); });
+}
+
 BAM_HD inline status queue_pair_ref::wait(std::uint64_t ticket, const completion_record& record,
                                           std::uint32_t* dw0) const {
   detail::device_atomic<std::uint32_t> done(const_cast<std::uint32_t&>(record.done));
-  detail::progress_deadline dl;
-  dl.start(*this);
-  bam::detail::backoff pause;
-  for (;;) {
-    if (done.load(cuda::memory_order_acquire) != 0) {
-      if (dw0 != nullptr) *dw0 = record.dw0;
-      return status(static_cast<std::uint16_t>(record.status));
-    }
-    ring();
-    if (poll() != 0) continue;
-    if (broken()) return status_queue_broken;
-    if (dl.expired(*this, ticket)) {
-      mark_broken();
-      return status_timeout;
-    }
-    pause();
-  }
+  return wait_until(ticket, [&](status& st) {
+    if (done.load(cuda::memory_order_acquire) == 0) return false;
+    if (dw0 != nullptr) *dw0 = record.dw0;
+    st = status(static_cast<std::uint16_t>(record.status));
+    return true;
+  });
 }
 
 } // namespace bam::nvme

@@ -197,9 +197,7 @@ BAM_DEVICE BAM_NOINLINE T array_ref<T>::access_slow(std::uint64_t i, const T* va
     r.key = key_of(i);
     r.for_write = value != nullptr;
     r.slot = p.slot;
-    r.phase = p.state == pin_state::hit       ? page_phase::hit
-              : p.state == pin_state::loading ? page_phase::pinned_wait
-                                              : page_phase::lookup;
+    r.phase = phase_after(p.state);
   }
   T result{};
   unsigned todo = mask;
@@ -406,9 +404,7 @@ private:
     if (lane == leader && in_range) {
       r.key = key;
       r.slot = p.slot;
-      r.phase = p.state == pin_state::hit       ? page_phase::hit
-                : p.state == pin_state::loading ? page_phase::pinned_wait
-                                                : page_phase::lookup;
+      r.phase = phase_after(p.state);
     }
     T result{};
     unsigned todo = mask;

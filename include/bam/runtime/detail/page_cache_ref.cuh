@@ -129,6 +129,13 @@ struct pin_result {
   pin_state state;
 };
 
+namespace detail {
+//! Where a request continues after `page_cache_ref::pin`.
+BAM_HD constexpr page_phase phase_after(pin_state s) {
+  return s == pin_state::hit ? page_phase::hit : s == pin_state::loading ? page_phase::pinned_wait : page_phase::lookup;
+}
+} // namespace detail
+
 //! Trivially copyable device handle to a page cache.
 struct page_cache_ref {
   std::uint8_t* data = nullptr;
