@@ -844,6 +844,37 @@ TEST_CASE("emu: log pages", "[emu][admin][log]") {
   CHECK(h.admin_exec(past_end) == generic(nvme::generic_status::invalid_field));
 }
 
+TEST_CASE("emu: a log read past the log's end gets zeroes, one past MDTS is refused", "[emu][admin][log]") {
+  emu::controller_config cfg = ram_config(1 << 14, 512);
+  cfg.mdts = 1; // 8 KiB
+  harness h(cfg);
+  std::memset(h.scratch->data(), 0xab, 16 * page);
+  // 8 KiB of a 512-byte log: the log, then zeroes over everything the host had there.
+  REQUIRE(h.admin_exec(nvme::make_get_log_page(nvme::log_page_id::smart_health, 0xffffffffu, 2 * page,
+                                               h.scratch->bus_address(0), h.scratch->bus_address(page))) ==
+          nvme::status_success);
+  const auto* b = h.scratch->as<unsigned char>();
+  CHECK(b[0] == 0);   // critical warning: none
+  CHECK(b[3] == 100); // available spare
+  CHECK(std::all_of(b + 512, b + 2 * page, [](unsigned char x) { return x == 0; }));
+  CHECK(b[2 * page] == 0xab); // nothing past the transfer
+
+  // 12 KiB through a PRP list: more than MDTS allows. NUMD reaches 16 GiB, so
+  // a controller that staged the whole request would be at the host's mercy.
+  std::memset(h.scratch->data(), 0xab, 16 * page);
+  auto* list = reinterpret_cast<std::uint64_t*>(h.scratch->as<unsigned char>() + 8 * page);
+  list[0] = h.scratch->bus_address(page);
+  list[1] = h.scratch->bus_address(2 * page);
+  CHECK(h.admin_exec(nvme::make_get_log_page(nvme::log_page_id::smart_health, 0xffffffffu, 3 * page,
+                                             h.scratch->bus_address(0), h.scratch->bus_address(8 * page))) ==
+        generic(nvme::generic_status::invalid_field));
+  CHECK(b[0] == 0xab); // refused before any byte moved
+  auto huge = nvme::make_get_log_page(nvme::log_page_id::smart_health, 0xffffffffu, 4, h.scratch->bus_address(0));
+  huge.cdw10 |= 0xffffu << 16; // NUMDL
+  huge.cdw11 |= 0xffffu;       // NUMDU: 2^32 dwords
+  CHECK(h.admin_exec(huge) == generic(nvme::generic_status::invalid_field));
+}
+
 // ---------------------------------------------------------------------------
 // Completion queue protocol details, driven through raw rings
 // ---------------------------------------------------------------------------

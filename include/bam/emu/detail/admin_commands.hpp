@@ -290,10 +290,24 @@ inline nvme::status emulated_controller::get_log_page(const nvme::command& cmd) 
   }
   if (offset % 4 != 0 || offset >= log.size())
     return detail::generic(nvme::generic_status::invalid_field);
-  std::vector<unsigned char> out(bytes, 0); // past the end of the log: zeroes
-  std::memcpy(out.data(), log.data() + offset,
-              std::min<std::uint64_t>(bytes, log.size() - offset));
-  return copy_to_host(cmd, out.data(), out.size());
+  // NUMD reaches 16 GiB: a request past MDTS is refused, as for any data
+  // transfer, and the part past the end of the log (zeroes) is written
+  // straight into the host's pages, never staged here.
+  if (cfg_.mdts != 0 && bytes > (std::uint64_t{dma_page_size} << cfg_.mdts))
+    return detail::generic(nvme::generic_status::invalid_field);
+  auto& segs = scratch_segments();
+  const nvme::status st = prp_segments(cmd.prp1, cmd.prp2, bytes, segs);
+  if (!st.ok()) return st;
+  const unsigned char* src = log.data() + offset;
+  std::uint64_t left = log.size() - offset; // log bytes still to copy
+  for (const auto& s : segs) {
+    const std::uint64_t n = std::min<std::uint64_t>(left, s.iov_len);
+    std::memcpy(s.iov_base, src, n);
+    std::memset(static_cast<unsigned char*>(s.iov_base) + n, 0, s.iov_len - n);
+    src += n;
+    left -= n;
+  }
+  return nvme::status_success;
 }
 
 inline void emulated_controller::log_error(const nvme::command& cmd, std::uint16_t qid, nvme::status st) {
