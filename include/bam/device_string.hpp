@@ -6,6 +6,7 @@
 //!   emu-gpu:null=1T              ... no media: completes without moving data
 //!   emu-gpu:ram=1G,iops=1M,latency=80us   ... with a model of a real SSD
 //!   emu:file=/path/disk.img[,size=8G]     software controller, CPU engine, a file (or block device)
+//!   emu:file=/dev/nvme0n1,ro     ... read-only: writes answered Namespace is Write Protected
 //!   emu:ram=64M                  software controller, CPU engine, RAM
 //!   /dev/bam-nvme0[+/dev/bam-nvme1...]    real controllers through the kernel module
 //!
@@ -53,6 +54,7 @@ struct device_spec {
   std::uint64_t iops = 0;
   std::uint64_t latency_ns = 0;
   std::uint64_t timeout_ns = 10'000'000'000ull;
+  bool read_only = false;           //!< `ro`: file media opened read-only
 };
 
 namespace detail {
@@ -150,6 +152,13 @@ inline device_spec parse_device(const std::string& text) {
   while (!opts.empty()) {
     const auto comma = opts.find(',');
     const std::string_view item = opts.substr(0, comma);
+    if (item == "ro") {
+      if (s.kind != device_kind::emu_cpu) bad_device(text, "ro applies to file media (emu:file=...,ro)");
+      s.read_only = true;
+      if (comma == std::string_view::npos) break;
+      opts.remove_prefix(comma + 1);
+      continue;
+    }
     const auto eq = item.find('=');
     if (eq == std::string_view::npos || eq == 0) bad_device(text, "'" + std::string(item) + "' is not key=value");
     const std::string_view k = item.substr(0, eq), v = item.substr(eq + 1);
@@ -199,6 +208,7 @@ inline device_spec parse_device(const std::string& text) {
   }
   if (!have_media) bad_device(text, "no media given (ram=, hbm=, null= or file=)");
   if (have_size && s.media != media_kind::file) bad_device(text, "size= applies to file media only");
+  if (s.read_only && s.media != media_kind::file) bad_device(text, "ro applies to file media only");
   if (s.bytes % s.lba_size != 0) bad_device(text, "media size is not a multiple of the LBA size");
   return s;
 }

@@ -27,6 +27,11 @@ TEST_CASE("device strings choose the transport", "[device]") {
   CHECK(s.media == bam::media_kind::file);
   CHECK(s.path == "/tmp/disk.img");
   CHECK(s.bytes == 64ull << 20);
+  CHECK(!s.read_only);
+  s = bam::parse_device("emu:file=/dev/nvme0n1,ro,lba=4096");
+  CHECK(s.read_only);
+  CHECK(s.path == "/dev/nvme0n1");
+  CHECK(s.lba_size == 4096);
   s = bam::parse_device("emu:ram=64M");
   CHECK(s.kind == bam::device_kind::emu_cpu);
   CHECK(s.bytes == 64ull << 20);
@@ -65,4 +70,7 @@ TEST_CASE("bad device strings say what is wrong", "[device]") {
   fails_with("emu-gpu:ram=1000", "multiple of the LBA size");
   fails_with("emu:ram=1G,iops=5", "GPU-engine model option");
   fails_with("emu-gpu:ram=99999999999999999999", "overflows");
+  fails_with("emu:ram=64M,ro", "ro applies to file media only");
+  fails_with("emu-gpu:ram=64M,ro", "ro applies to file media");
+  fails_with("emu:file=/x,rw", "'rw' is not key=value");
 }

@@ -188,7 +188,7 @@ private:
       if (bytes > max_transfer) return detail::generic(nvme::generic_status::invalid_field);
       if (write) {
         if (!p->staged_ok) return detail::generic(nvme::generic_status::data_transfer_error);
-        return e->media_->write(offset, p->bounce, bytes) == 0 ? nvme::status_success : detail::write_fault();
+        return detail::write_status(e->media_->write(offset, p->bounce, bytes));
       }
       if (e->media_->read(offset, p->bounce, bytes) != 0) return detail::read_error();
       std::uint64_t done = 0;
@@ -206,7 +206,7 @@ private:
     nvme::status flush(std::uint32_t) { return e->media_->flush() == 0 ? nvme::status_success : detail::write_fault(); }
     nvme::status zero(std::uint32_t, std::uint64_t offset, std::uint64_t len, bool deallocate) {
       const int err = deallocate ? e->media_->deallocate(offset, len) : e->media_->write_zeroes(offset, len);
-      return err == 0 ? nvme::status_success : detail::write_fault();
+      return detail::write_status(err);
     }
     nvme::status fetch(const nvme::command& cmd, std::uint64_t offset, void* dst, std::uint64_t len) {
       std::vector<unsigned char> all(offset + len);

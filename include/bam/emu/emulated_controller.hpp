@@ -379,7 +379,7 @@ private:
       if (!st.ok()) return st;
       media& m = *c->ns_[nsid - 1].backing;
       const int err = write ? m.write(offset, segs) : m.read(offset, segs);
-      if (err != 0) return write ? detail::write_fault() : detail::read_error();
+      if (err != 0) return write ? detail::write_status(err) : detail::read_error();
       return nvme::status_success;
     }
     nvme::status flush(std::uint32_t nsid) {
@@ -390,7 +390,7 @@ private:
     nvme::status zero(std::uint32_t nsid, std::uint64_t offset, std::uint64_t len, bool deallocate) {
       media& m = *c->ns_[nsid - 1].backing;
       const int err = deallocate ? m.deallocate(offset, len) : m.write_zeroes(offset, len);
-      return err == 0 ? nvme::status_success : detail::write_fault();
+      return detail::write_status(err);
     }
     nvme::status fetch(const nvme::command& cmd, std::uint64_t offset, void* dst, std::uint64_t len) {
       // The ranges are read from the start of the buffer; `offset` selects a piece of it.

@@ -305,12 +305,15 @@ private:
 };
 
 //! A regular file or a block device. O_DIRECT through io_uring when possible.
+//! Read-only media is opened O_RDONLY and refuses every write with EROFS
+//! (the controller answers Namespace is Write Protected).
 class fd_media final : public media {
 public:
   fd_media(const std::string& path, std::uint64_t bytes, bool create, bool block_device,
-           bool direct)
-      : path_(path), block_(block_device) {
-    const int flags = O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0);
+           bool direct, bool read_only = false)
+      : path_(path), block_(block_device), read_only_(read_only) {
+    if (read_only) create = false;
+    const int flags = (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC | (create ? O_CREAT : 0);
     buffered_fd_ = ::open(path.c_str(), flags, 0644);
     if (buffered_fd_ < 0) throw_errno("opening media " + path);
     try {
@@ -338,7 +341,10 @@ public:
         bytes_ = bytes != 0 ? bytes : static_cast<std::uint64_t>(st.st_size);
         // Sized so that every O_DIRECT block of the media lies inside the file.
         const std::uint64_t want = align_up(bytes_, align_);
-        if (static_cast<std::uint64_t>(st.st_size) < want &&
+        // A read-only file is never extended: its last partial block reads
+        // as the file's bytes, then zeroes.
+        if (read_only) bytes_ = want;
+        if (!read_only && static_cast<std::uint64_t>(st.st_size) < want &&
             ::ftruncate(buffered_fd_, static_cast<off_t>(want)) != 0)
           throw_errno("extending media file " + path + " to " + std::to_string(want) + " bytes");
       }
@@ -348,7 +354,7 @@ public:
         throw error("media " + path + " is empty", c);
       }
       // O_DIRECT is refused by some file systems (tmpfs before Linux 6.6): then stay buffered.
-      if (direct) direct_fd_ = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_DIRECT);
+      if (direct) direct_fd_ = ::open(path.c_str(), (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC | O_DIRECT);
     } catch (...) {
       ::close(buffered_fd_);
       throw;
@@ -368,7 +374,7 @@ public:
     how = "pread/pwrite";
 #endif
     how += direct_usable() ? ", O_DIRECT" : ", buffered";
-    return (block_ ? "block device " : "file ") + path_ + " (" + how + ")";
+    return (block_ ? "block device " : "file ") + path_ + " (" + how + (read_only_ ? ", read-only" : "") + ")";
   }
   //! True while I/O goes through O_DIRECT.
   bool direct_usable() const {
@@ -401,6 +407,7 @@ public:
 
   int write(std::uint64_t offset, std::span<const iovec> segs) override {
     const std::size_t len = total_bytes(segs);
+    if (read_only_) return EROFS;
     if (!in_range(offset, len)) return EINVAL;
     if (len == 0) return 0;
     if (direct_usable()) {
@@ -437,9 +444,10 @@ public:
     return 0;
   }
 
-  int flush() override { return ::fdatasync(buffered_fd_) == 0 ? 0 : errno; }
+  int flush() override { return read_only_ || ::fdatasync(buffered_fd_) == 0 ? 0 : errno; }
 
   int write_zeroes(std::uint64_t offset, std::uint64_t len) override {
+    if (read_only_) return EROFS;
     if (!in_range(offset, len)) return EINVAL;
     if (len == 0) return 0;
     std::unique_lock lock(rmw_mutex_);
@@ -456,6 +464,7 @@ public:
   }
 
   int deallocate(std::uint64_t offset, std::uint64_t len) override {
+    if (read_only_) return EROFS;
     if (!in_range(offset, len)) return EINVAL;
     if (len == 0) return 0;
     if (!block_) {
@@ -505,6 +514,7 @@ private:
 
   std::string path_;
   bool block_;
+  bool read_only_;
   std::uint64_t bytes_ = 0;
   std::size_t align_ = media_page_size;
   int buffered_fd_ = -1;
@@ -527,15 +537,17 @@ inline std::shared_ptr<media> make_ram_media(std::uint64_t bytes) {
 //! A regular file of `bytes` bytes (0: the file's current size). With
 //! `create`, the file is created if missing; it is extended to `bytes`
 //! (rounded up to 4 KiB). `direct = false` skips O_DIRECT (page-cache I/O).
+//! `read_only`: opened O_RDONLY, never created or extended, writes refused.
 inline std::shared_ptr<media> make_file_media(const std::string& path, std::uint64_t bytes,
-                                              bool create = true, bool direct = true) {
-  return std::make_shared<detail::fd_media>(path, bytes, create, false, direct);
+                                              bool create = true, bool direct = true, bool read_only = false) {
+  return std::make_shared<detail::fd_media>(path, bytes, create, false, direct, read_only);
 }
 
-//! A block device, all of it (or its first `bytes` bytes). Its data is overwritten by writes.
+//! A block device, all of it (or its first `bytes` bytes). Its data is
+//! overwritten by writes, unless `read_only`.
 inline std::shared_ptr<media> make_block_media(const std::string& path, std::uint64_t bytes = 0,
-                                               bool direct = true) {
-  return std::make_shared<detail::fd_media>(path, bytes, false, true, direct);
+                                               bool direct = true, bool read_only = false) {
+  return std::make_shared<detail::fd_media>(path, bytes, false, true, direct, read_only);
 }
 
 } // namespace bam::emu

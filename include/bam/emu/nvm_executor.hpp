@@ -63,6 +63,11 @@ BAM_HD constexpr nvme::status specific(std::uint8_t sc) { return {nvme::status_t
 BAM_HD constexpr nvme::status media_error(std::uint8_t sc) { return {nvme::status_type::media_error, sc}; }
 BAM_HD constexpr nvme::status read_error() { return media_error(nvme::media_status::unrecovered_read_error); }
 BAM_HD constexpr nvme::status write_fault() { return media_error(nvme::media_status::write_fault); }
+//! The status of a write the media refused with `err` (an errno): read-only media is a write-protected namespace.
+BAM_HD constexpr nvme::status write_status(int err) {
+  return err == 0 ? nvme::status{}
+                  : err == 30 /* EROFS */ ? generic(nvme::generic_status::namespace_write_protected) : write_fault();
+}
 
 BAM_HD inline void count(nvm_counters* c, std::uint64_t nvm_counters::*field, std::uint64_t n) {
   if (c == nullptr) return;

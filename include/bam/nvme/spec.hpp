@@ -223,6 +223,7 @@ inline constexpr std::uint8_t aborted_sq_deletion = 0x08;
 inline constexpr std::uint8_t invalid_namespace = 0x0b;
 inline constexpr std::uint8_t command_sequence_error = 0x0c;
 inline constexpr std::uint8_t invalid_prp_offset = 0x13;
+inline constexpr std::uint8_t namespace_write_protected = 0x20;
 inline constexpr std::uint8_t lba_out_of_range = 0x80;
 inline constexpr std::uint8_t capacity_exceeded = 0x81;
 inline constexpr std::uint8_t namespace_not_ready = 0x82;
@@ -308,6 +309,7 @@ BAM_HD inline const char* status_name(status st) {
     case generic_status::invalid_namespace: return "Invalid Namespace or Format";
     case generic_status::command_sequence_error: return "Command Sequence Error";
     case generic_status::invalid_prp_offset: return "PRP Offset Invalid";
+    case generic_status::namespace_write_protected: return "Namespace is Write Protected";
     case generic_status::lba_out_of_range: return "LBA Out of Range";
     case generic_status::capacity_exceeded: return "Capacity Exceeded";
     case generic_status::namespace_not_ready: return "Namespace Not Ready";

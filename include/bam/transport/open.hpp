@@ -18,6 +18,8 @@
 #include <bam/transport/pci.hpp>
 #include <bam/transport/transport.hpp>
 
+#include <sys/stat.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,8 +31,12 @@ namespace bam {
 inline std::shared_ptr<emu::media> open_emu_media(const device_spec& spec, std::uint32_t index) {
   if (spec.media == media_kind::file) {
     const std::string path = spec.ssds == 1 ? spec.path : spec.path + "." + std::to_string(index);
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && S_ISBLK(st.st_mode))
+      return emu::make_block_media(path, spec.bytes, /*direct=*/true, spec.read_only);
     // size= creates or extends the file; without it the file must exist.
-    return emu::make_file_media(path, spec.bytes, /*create=*/spec.bytes != 0);
+    return emu::make_file_media(path, spec.bytes, /*create=*/spec.bytes != 0 && !spec.read_only, /*direct=*/true,
+                                spec.read_only);
   }
   if (spec.media == media_kind::ram) return emu::make_ram_media(spec.bytes);
   error_context c;
