@@ -11,6 +11,9 @@
 //   bam load FILE DEVICE [--offset 1G] [--verify]     resumable
 //   bam dump DEVICE FILE --length 4G [--offset 1G]
 //   bam checksum FILE                 XXH3-128, as load and dump print it
+//   bam map FILE [--device DEVICE] [--verify]
+//                                     where a file's blocks are on its disk, which
+//                                     path reads it, and (--verify) reading it that way
 //
 // DEVICE is a device string: /dev/bam-nvme0, emu:file=/path/disk.img[,size=8G], emu:ram=64M.
 #include "pci_sysfs.hpp"
@@ -18,6 +21,7 @@
 
 #include <bam/controller.hpp>
 #include <bam/dataset.hpp>
+#include <bam/mapped_file.hpp>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -415,6 +419,125 @@ int cmd_checksum(const common_options& co, const std::string& file) {
   return 0;
 }
 
+// ---- map ---------------------------------------------------------------------
+
+struct map_args {
+  std::string file;
+  std::string device; // empty: the path plan_file_access chooses
+  std::uint32_t nsid = 0;
+  bool allow_holes = false;
+  bool verify = false;
+  std::size_t show_runs = 16;
+};
+
+int cmd_map(const common_options& co, const map_args& a) {
+  bam::extent_map_options mo;
+  mo.allow_holes = a.allow_holes;
+  std::string device = a.device, reason, path_kind;
+  std::optional<bam::extent_map> map;
+  if (device.empty()) {
+    bam::file_access fa = bam::plan_file_access(a.file, mo);
+    device = fa.device;
+    reason = fa.reason;
+    path_kind = fa.kind == bam::file_access::path::direct ? "direct" : "via_file";
+    map = std::move(fa.map);
+  } else {
+    map = bam::extent_map::of_file(a.file, mo);
+    path_kind = "direct";
+    reason = "reading raw blocks through " + device + " as asked";
+  }
+  json j{{"file", a.file}, {"path", path_kind}, {"device", device}, {"reason", reason}};
+  if (map) {
+    const auto& d = map->device();
+    j["size"] = map->file_size();
+    j["disk"] = d.disk_node;
+    j["partition"] = d.partition;
+    j["partition_start"] = d.partition_start;
+    j["lba_size"] = d.lba_size;
+    j["nsid"] = d.nsid;
+    j["wwid"] = d.wwid;
+    j["raw_extents"] = map->raw_extents();
+    j["runs"] = map->runs();
+    j["map_bytes"] = map->bytes();
+    j["max_page_size"] = map->max_page_size(1u << 20);
+    json runs = json::array();
+    const auto x = map->extents();
+    for (std::size_t i = 0; i < x.size() && i < a.show_runs; ++i)
+      runs.push_back({{"file_offset", x[i].file_offset},
+                      {"disk_offset", x[i].disk_offset == bam::extent_hole ? json(nullptr) : json(x[i].disk_offset)},
+                      {"length", x[i].length}});
+    j["first_runs"] = runs;
+  }
+  const bool direct = path_kind == "direct";
+  if (a.verify) {
+    auto cs = open_device(device, 0, 0);
+    bam::controller& ctrl = single(cs, device);
+    const std::uint64_t size = map ? map->file_size() : std::filesystem::file_size(a.file);
+    bam::detail::xxh128_stream through;
+    std::vector<unsigned char> buf(std::min<std::uint64_t>(size, 4ull << 20));
+    const double t0 = static_cast<double>(bam::detail::now_ns());
+    if (direct) {
+      const std::uint32_t nsid = a.nsid != 0 ? a.nsid : 1;
+      bam::check_same_namespace(ctrl, nsid, *map);
+      for (std::uint64_t off = 0; off < size; off += buf.size()) {
+        const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), size - off));
+        bam::read_mapped(ctrl, nsid, *map, off, buf.data(), n);
+        through.update(buf.data(), n);
+      }
+    } else {
+      // The software controller over the file: namespace offsets are file offsets.
+      const std::uint32_t lbs = ctrl.ns(1).lba_size;
+      auto dma = ctrl.transport_ref().alloc(buf.size() + lbs);
+      for (std::uint64_t off = 0; off < size; off += buf.size()) {
+        const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), size - off));
+        ctrl.read(1, off / lbs, static_cast<std::uint32_t>((n + lbs - 1) / lbs), *dma);
+        through.update(dma->data(), n);
+      }
+    }
+    const double secs = (static_cast<double>(bam::detail::now_ns()) - t0) / 1e9;
+    const std::string got = through.hex(), want = bam::file_checksum(a.file);
+    j["verify"] = {{"checksum_through_device", got}, {"checksum_through_file_system", want},
+                   {"equal", got == want}, {"seconds", secs}};
+    if (got != want) {
+      if (co.json) print_json(j);
+      bam::tools::tool_fail("reading " + a.file + " through " + device + " gave " + got + ", the file system " + want);
+    }
+  }
+  if (co.json) {
+    print_json(j);
+    return 0;
+  }
+  std::printf("%s: %s\n  %s\n", a.file.c_str(), path_kind.c_str(), reason.c_str());
+  std::printf("  device string: %s\n", device.c_str());
+  if (map) {
+    const auto& d = map->device();
+    std::printf("  %llu bytes on %s%s, %u-byte blocks%s; %llu extents from the file system, %llu runs (%llu bytes of map)\n",
+                static_cast<unsigned long long>(map->file_size()), d.disk_node.c_str(),
+                d.partition.empty() ? "" : (" (partition " + d.partition + " at byte " + std::to_string(d.partition_start) + ")").c_str(),
+                d.lba_size, d.nsid ? (", NVMe namespace " + std::to_string(d.nsid)).c_str() : "",
+                static_cast<unsigned long long>(map->raw_extents()), static_cast<unsigned long long>(map->runs()),
+                static_cast<unsigned long long>(map->bytes()));
+    std::printf("  cache pages up to %s never straddle two runs\n",
+                human_bytes(static_cast<double>(map->max_page_size(1u << 20))).c_str());
+    const auto x = map->extents();
+    for (std::size_t i = 0; i < x.size() && i < a.show_runs; ++i) {
+      if (x[i].disk_offset == bam::extent_hole)
+        std::printf("    file %12llu +%-10llu hole (zeroes)\n", static_cast<unsigned long long>(x[i].file_offset),
+                    static_cast<unsigned long long>(x[i].length));
+      else
+        std::printf("    file %12llu +%-10llu disk byte %llu (LBA %llu)\n",
+                    static_cast<unsigned long long>(x[i].file_offset), static_cast<unsigned long long>(x[i].length),
+                    static_cast<unsigned long long>(x[i].disk_offset),
+                    static_cast<unsigned long long>(x[i].disk_offset / d.lba_size));
+    }
+    if (x.size() > a.show_runs) std::printf("    ... %zu more\n", x.size() - a.show_runs);
+  }
+  if (a.verify)
+    std::printf("  verified: %s through the device equals the file system's read (%.2f s)\n",
+                j["verify"]["checksum_through_device"].get<std::string>().c_str(), j["verify"]["seconds"].get<double>());
+  return 0;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -481,6 +604,18 @@ int main(int argc, char** argv) {
   auto* checksum =
       app.add_subcommand("checksum", "XXH3-128 of a file, in the form load and dump print");
   checksum->add_option("file", file, "file")->required()->check(CLI::ExistingFile);
+  map_args ma;
+  auto* map = app.add_subcommand(
+      "map", "where a file's blocks lie on its disk (FIEMAP), which path reads it, and --verify reads it that way");
+  map->add_option("file", ma.file, "file on a local file system")->required()->check(CLI::ExistingFile);
+  map->add_option("--device", ma.device,
+                  "read the raw blocks through this device string (e.g. /dev/bam-nvme1, the file's namespace); "
+                  "default: a read-only software controller over the file's disk, or over the file itself");
+  map->add_option("--nsid", ma.nsid, "namespace of --device holding the file system (default 1)")
+      ->check(CLI::Range(1u, 0xfffffffeu));
+  map->add_flag("--allow-holes", ma.allow_holes, "read holes and unwritten extents as zeroes instead of refusing");
+  map->add_flag("--verify", ma.verify, "read the whole file through the device and compare its checksum");
+  map->add_option("--runs", ma.show_runs, "runs to print (default 16)");
 
   CLI11_PARSE(app, argc, argv);
 
@@ -496,6 +631,7 @@ int main(int argc, char** argv) {
     if (*load) return cmd_load(co, ta);
     if (*dump) return cmd_dump(co, ta);
     if (*checksum) return cmd_checksum(co, file);
+    if (*map) return cmd_map(co, ma);
   } catch (const bam::error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     if (co.json) print_json({{"error", e.what()}, {"errno", e.errnum()}});

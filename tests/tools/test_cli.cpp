@@ -348,3 +348,41 @@ TEST_CASE("bam unbind refuses while a process holds the device, --force goes on"
   CHECK(slurp((s.root / "sys/bus/pci/drivers/bam_nvme/unbind").string()) == "0000:01:00.0");
   CHECK(slurp((s.dev / "driver_override").string()) == "\n");
 }
+
+TEST_CASE("bam map says which path reads a file, and --verify reads it that way", "[cli][map]") {
+  temp_dir d;
+  random_file(d / "data", 300000 + 11, 5);
+  json j = bam_json(d, {"map", d / "data", "--verify"});
+  CHECK((j["path"] == "direct" || j["path"] == "via_file"));
+  CHECK(j["verify"]["equal"] == true);
+  CHECK(j["verify"]["checksum_through_device"] == bam::file_checksum(d / "data"));
+  if (j.contains("disk")) { // the file system reported the file's blocks
+    CHECK(j["size"] == 300011);
+    CHECK(j["runs"].get<int>() >= 1);
+    CHECK(j["first_runs"][0]["file_offset"] == 0);
+  }
+  if (j["path"] == "direct") CHECK(j["device"].get<std::string>().find(",ro,lba=") != std::string::npos);
+  else CHECK(j["device"] == "emu:file=" + d / "data" + ",ro");
+  // A file on tmpfs: no blocks to map; the file itself is read.
+  if (fs::is_directory("/dev/shm")) {
+    const std::string shm = "/dev/shm/bam-cli-map-" + std::to_string(::getpid());
+    random_file(shm, 70000, 6);
+    j = bam_json(d, {"map", shm, "--verify"});
+    fs::remove(shm);
+    CHECK(j["path"] == "via_file");
+    CHECK(j["verify"]["equal"] == true);
+  }
+  // A sparse file is refused unless holes may read as zeroes.
+  {
+    std::ofstream f(d / "sparse", std::ios::binary);
+    f.seekp(1 << 20);
+    f.put('x');
+  }
+  run_result r = run_bam(d, {"map", d / "sparse"});
+  if (r.status == 1) { // its file system reports blocks (else there is nothing to refuse)
+    CHECK(r.err.find("a hole of") != std::string::npos);
+    CHECK(r.err.find("allow holes") != std::string::npos);
+    j = bam_json(d, {"map", d / "sparse", "--allow-holes", "--verify"});
+    CHECK(j["verify"]["equal"] == true);
+  }
+}

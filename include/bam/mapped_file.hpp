@@ -1,0 +1,228 @@
+// SPDX-License-Identifier: MIT
+//! Reading a file through raw block commands on the controller of its disk,
+//! with an `extent_map` saying where its blocks are, and choosing that path or
+//! the software controller's CPU engine reading the file itself.
+//!
+//!   check_same_namespace(ctrl, nsid, map)  refuses a controller namespace that
+//!                                          is not the file's disk
+//!   read_mapped(ctrl, nsid, map, off, dst, len)
+//!                                          bytes of the file, by block reads;
+//!                                          holes as zeroes; fails (ESTALE) if
+//!                                          the file changed meanwhile
+//!   write_mapped(ctrl, nsid, map, off, src, len)
+//!                                          overwrites bytes of the file in its
+//!                                          allocated blocks (map made with
+//!                                          for_writing); never allocates
+//!   plan_file_access(path)                 which device string reads `path`,
+//!                                          and why
+//!
+//! @code
+//!   bam::extent_map m = bam::extent_map::of_file("/mnt/data/features.bin");
+//!   bam::controller ctrl(bam::open_host_transports(bam::parse_device("/dev/bam-nvme1")).at(0));
+//!   bam::check_same_namespace(ctrl, m.device().nsid, m);
+//!   std::vector<char> buf(1 << 20);
+//!   bam::read_mapped(ctrl, m.device().nsid, m, 0, buf.data(), buf.size());
+//! @endcode
+#pragma once
+
+#include <bam/driver/controller.hpp>
+#include <bam/extent_map.hpp>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <string>
+
+namespace bam {
+
+//! Refuses (ENXIO) a namespace that is evidently not the disk the map was
+//! made on: a different logical block size, fewer blocks than the disk has,
+//! or an NGUID or EUI-64 that differs where both sides report one.
+inline void check_same_namespace(const controller& ctrl, std::uint32_t nsid, const extent_map& map) {
+  const namespace_info& ns = ctrl.ns(nsid);
+  const block_device_info& d = map.device();
+  auto refuse = [&](const std::string& why) {
+    error_context c;
+    c.controller = ctrl.name();
+    c.errnum = ENXIO;
+    throw error("namespace " + std::to_string(nsid) + " is not " + d.disk_node + ", the disk " + map.path() +
+                    " is on: " + why,
+                c);
+  };
+  if (ns.lba_size != d.lba_size)
+    refuse("its logical blocks are " + std::to_string(ns.lba_size) + " bytes, the disk's " +
+           std::to_string(d.lba_size));
+  if (d.disk_bytes != 0 && ns.blocks * ns.lba_size != d.disk_bytes)
+    refuse("it holds " + std::to_string(ns.blocks * ns.lba_size) + " bytes, the disk " +
+           std::to_string(d.disk_bytes));
+  auto nonzero = [](const auto& a) { return std::any_of(std::begin(a), std::end(a), [](std::uint8_t b) { return b != 0; }); };
+  if (nonzero(d.nguid) && nonzero(ns.id.nguid) && std::memcmp(d.nguid.data(), ns.id.nguid, 16) != 0)
+    refuse("its NGUID differs");
+  if (nonzero(d.eui64) && nonzero(ns.id.eui64) && std::memcmp(d.eui64.data(), ns.id.eui64, 8) != 0)
+    refuse("its EUI-64 differs");
+}
+
+//! Reads `len` bytes of the mapped file from byte `offset` into `dst`, with
+//! read commands on `nsid` of `ctrl` for the blocks the map names (several
+//! per call when the file is fragmented, each within the controller's
+//! transfer limit) and zeroes for holes. Reading past the end of the file is
+//! refused (EINVAL). After reading, the file is checked against the map
+//! (extent_map::check_unchanged): a file that changed meanwhile fails with
+//! ESTALE and `dst` must be discarded.
+inline void read_mapped(controller& ctrl, std::uint32_t nsid, const extent_map& map, std::uint64_t offset, void* dst,
+                        std::size_t len, std::uint32_t queue = 0) {
+  if (offset > map.file_size() || len > map.file_size() - offset) {
+    error_context c;
+    c.errnum = EINVAL;
+    throw error("reading " + std::to_string(len) + " bytes at offset " + std::to_string(offset) + " of " + map.path() +
+                    " (" + std::to_string(map.file_size()) + " bytes): past the end of the file",
+                c);
+  }
+  if (len == 0) return;
+  const extent_map_ref m = map.ref();
+  const std::uint64_t lbs = map.lba_size();
+  if (ctrl.ns(nsid).lba_size != lbs) check_same_namespace(ctrl, nsid, map); // throws with the reason
+  // Bounce buffer: what the request needs, at most 1 MiB per command.
+  constexpr std::uint64_t chunk = 1ull << 20;
+  const std::uint64_t need = (offset % lbs + len + lbs - 1) / lbs * lbs;
+  const std::uint64_t bounce_bytes = std::max<std::uint64_t>(std::min(chunk, need), lbs);
+  std::unique_ptr<dma_region> bounce = ctrl.transport_ref().alloc(bounce_bytes);
+  auto* out = static_cast<unsigned char*>(dst);
+  std::uint64_t pos = offset;
+  const std::uint64_t end = offset + len;
+  while (pos < end) {
+    const std::uint64_t block = pos / lbs;
+    const extent_map_ref::where w = m.find(block);
+    // Whole blocks from `block`, within this run and the bounce buffer.
+    const std::uint64_t last_block = (end + lbs - 1) / lbs; // one past the last block needed
+    const std::uint64_t blocks =
+        std::min({w.blocks, last_block - block, bounce_bytes / lbs});
+    const std::uint64_t skip = pos - block * lbs;
+    const std::uint64_t n = std::min(blocks * lbs - skip, end - pos);
+    if (w.lba == extent_hole) {
+      std::memset(out, 0, n);
+    } else {
+      ctrl.read(nsid, w.lba, static_cast<std::uint32_t>(blocks), *bounce, 0, queue);
+      std::memcpy(out, bounce->as<unsigned char>() + skip, n);
+    }
+    out += n;
+    pos += n;
+  }
+  map.check_unchanged();
+}
+
+//! Overwrites `len` bytes of the mapped file from byte `offset` with `src`,
+//! by block writes on `nsid` of `ctrl`: only blocks the file system has
+//! already allocated to the file (the map must be made with `for_writing`,
+//! which refuses holes, unwritten and shared extents), never past the end of
+//! the file. Partial blocks at either end are read, merged and written back.
+//! The file is checked against the map before and after (ESTALE if it
+//! changed). The file system's page cache does not see raw writes: drop the
+//! file's cached pages (posix_fadvise DONTNEED) before reading it through
+//! the file system.
+inline void write_mapped(controller& ctrl, std::uint32_t nsid, const extent_map& map, std::uint64_t offset,
+                         const void* src, std::size_t len, std::uint32_t queue = 0) {
+  if (!map.options().for_writing || map.has_holes()) {
+    error_context c;
+    c.errnum = EINVAL;
+    throw error("writing " + map.path() + " through raw blocks needs a map made for writing "
+                "(extent_map_options::for_writing): it refuses holes and shared blocks",
+                c);
+  }
+  if (offset > map.file_size() || len > map.file_size() - offset) {
+    error_context c;
+    c.errnum = EINVAL;
+    throw error("writing " + std::to_string(len) + " bytes at offset " + std::to_string(offset) + " of " + map.path() +
+                    " (" + std::to_string(map.file_size()) + " bytes): past the end of the file, which raw "
+                    "writes cannot extend",
+                c);
+  }
+  if (len == 0) return;
+  check_same_namespace(ctrl, nsid, map);
+  map.check_unchanged();
+  const extent_map_ref m = map.ref();
+  const std::uint64_t lbs = map.lba_size();
+  constexpr std::uint64_t chunk = 1ull << 20;
+  const std::uint64_t bounce_bytes = std::max<std::uint64_t>(chunk, lbs);
+  std::unique_ptr<dma_region> bounce = ctrl.transport_ref().alloc(bounce_bytes);
+  const auto* in = static_cast<const unsigned char*>(src);
+  std::uint64_t pos = offset;
+  const std::uint64_t end = offset + len;
+  while (pos < end) {
+    const std::uint64_t block = pos / lbs;
+    const extent_map_ref::where w = m.find(block);
+    const std::uint64_t last_block = (end + lbs - 1) / lbs;
+    const std::uint64_t blocks = std::min({w.blocks, last_block - block, bounce_bytes / lbs});
+    const std::uint64_t skip = pos - block * lbs;
+    const std::uint64_t n = std::min(blocks * lbs - skip, end - pos);
+    const auto nb = static_cast<std::uint32_t>(blocks);
+    if (skip != 0 || n % lbs != 0) {
+      // Partial first or last block: keep the bytes around the new ones.
+      if (skip != 0) ctrl.read(nsid, w.lba, 1, *bounce, 0, queue);
+      if ((skip + n) % lbs != 0)
+        ctrl.read(nsid, w.lba + nb - 1, 1, *bounce, (nb - 1) * lbs, queue);
+    }
+    std::memcpy(bounce->as<unsigned char>() + skip, in, n);
+    ctrl.write(nsid, w.lba, nb, *bounce, 0, queue);
+    in += n;
+    pos += n;
+  }
+  ctrl.flush(nsid, queue);
+  map.check_unchanged();
+}
+
+//! How a file is read: through raw blocks of its disk (`direct`: a software
+//! controller over the raw block device, read-only, with the map) or by the
+//! software controller's CPU engine reading the file itself (`via_file`).
+struct file_access {
+  enum class path { direct, via_file };
+  path kind = path::via_file;
+  std::string device;                //!< device string to open
+  std::string reason;                //!< why this path (printed by tools and examples)
+  std::optional<extent_map> map;     //!< where the file's blocks are (always set for direct; set for
+                                     //!< via_file when only the disk could not be opened)
+};
+
+//! Chooses the path for reading `path`: direct when the file system reports
+//! the file's blocks on one disk and that disk can be opened for reading
+//! here (which needs read access to the block device node), else via the
+//! file, saying why. Refusals that concern the file's content (holes not
+//! allowed, data not yet on disk) are not a reason to fall back: they are
+//! thrown, since the file path would read the same bytes only by luck of
+//! timing.
+inline file_access plan_file_access(const std::string& path, const extent_map_options& opts = {}) {
+  file_access a;
+  a.device = "emu:file=" + path + ",ro";
+  std::optional<extent_map> m;
+  try {
+    m = extent_map::of_file(path, opts);
+  } catch (const error& e) {
+    if (e.errnum() != ENODEV && e.errnum() != EOPNOTSUPP && e.errnum() != ENOTTY) throw;
+    std::string w = e.what();
+    a.reason = "reading the file with the software controller's CPU engine: " + w.substr(w.find(": ") + 2);
+    return a;
+  }
+  const std::string node = m->device().disk_node;
+  const int fd = ::open(node.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int e = errno;
+    a.reason = "reading the file with the software controller's CPU engine: its disk " + node +
+               " cannot be opened here (" + std::strerror(e) + ")";
+    a.map = std::move(m);
+    return a;
+  }
+  ::close(fd);
+  a.kind = file_access::path::direct;
+  a.device = "emu:file=" + node + ",ro,lba=" + std::to_string(m->lba_size());
+  a.reason = "reading " + std::to_string(m->runs()) + " run(s) of raw blocks of " + node +
+             (m->device().partition.empty() ? "" : " (partition " + m->device().partition + " at byte " +
+                                                      std::to_string(m->device().partition_start) + ")") +
+             " through the software controller";
+  a.map = std::move(m);
+  return a;
+}
+
+} // namespace bam
