@@ -364,23 +364,7 @@ inline csr_graph csr_from_edges(std::uint64_t nodes, const std::vector<std::int6
     if (undirected)
       g.indices[static_cast<std::size_t>(cur[static_cast<std::size_t>(dst[i])]++)] = static_cast<std::int32_t>(src[i]);
   }
-  std::vector<std::int64_t> kept(nodes);
-  parallel_ranges(nodes, thread_count(threads), [&](std::uint64_t lo, std::uint64_t hi) {
-    for (std::uint64_t u = lo; u < hi; ++u) {
-      auto b = g.indices.begin() + g.indptr[u], e = g.indices.begin() + g.indptr[u + 1];
-      std::sort(b, e);
-      kept[u] = std::unique(b, e) - b;
-    }
-  });
-  std::int64_t out = 0;
-  for (std::uint64_t u = 0; u < nodes; ++u) {
-    const std::int64_t from = g.indptr[u];
-    g.indptr[u] = out;
-    std::copy(g.indices.begin() + from, g.indices.begin() + from + kept[u], g.indices.begin() + out);
-    out += kept[u];
-  }
-  g.indptr[nodes] = out;
-  g.indices.resize(static_cast<std::size_t>(out));
+  sort_and_merge_rows(g, thread_count(threads));
   return g;
 }
 

@@ -105,6 +105,29 @@ struct label_scrambler {
 
 } // namespace detail
 
+//! Sorts each row of `g` and merges repeated neighbours, compacting the CSR.
+inline void sort_and_merge_rows(csr_graph& g, unsigned threads) {
+  const std::uint64_t n = g.nodes();
+  std::vector<std::int64_t> kept(n);
+  detail::parallel_ranges(n, threads, [&](std::uint64_t lo, std::uint64_t hi) {
+    for (std::uint64_t u = lo; u < hi; ++u) {
+      auto b = g.indices.begin() + g.indptr[u], e = g.indices.begin() + g.indptr[u + 1];
+      std::sort(b, e);
+      kept[u] = std::unique(b, e) - b;
+    }
+  });
+  std::int64_t out = 0;
+  for (std::uint64_t u = 0; u < n; ++u) {
+    const std::int64_t from = g.indptr[u];
+    g.indptr[u] = out;
+    std::copy(g.indices.begin() + from, g.indices.begin() + from + kept[u], g.indices.begin() + out);
+    out += kept[u];
+  }
+  g.indptr[n] = out;
+  g.indices.resize(static_cast<std::size_t>(out));
+  g.indices.shrink_to_fit();
+}
+
 //! The R-MAT graph of `o` in CSR.
 inline csr_graph make_rmat(const rmat_options& o) {
   if (o.nodes < 2) detail::gnn_fail("a graph needs at least 2 nodes");
@@ -206,25 +229,8 @@ inline csr_graph make_rmat(const rmat_options& o) {
   });
   cursor = {};
   // Rows sorted, duplicates merged: the order edges were placed in is gone.
-  std::vector<std::uint32_t> kept(n);
-  detail::parallel_ranges(n, threads, [&](std::uint64_t lo, std::uint64_t hi) {
-    for (std::uint64_t u = lo; u < hi; ++u) {
-      auto b = g.indices.begin() + g.indptr[u], e = g.indices.begin() + g.indptr[u + 1];
-      std::sort(b, e);
-      kept[u] = static_cast<std::uint32_t>(std::unique(b, e) - b);
-    }
-  });
+  sort_and_merge_rows(g, threads);
   report("sorting rows", n, n);
-  std::int64_t out = 0;
-  for (std::uint64_t u = 0; u < n; ++u) {
-    const std::int64_t from = g.indptr[u];
-    g.indptr[u] = out;
-    std::copy(g.indices.begin() + from, g.indices.begin() + from + kept[u], g.indices.begin() + out);
-    out += kept[u];
-  }
-  g.indptr[n] = out;
-  g.indices.resize(static_cast<std::size_t>(out));
-  g.indices.shrink_to_fit();
   return g;
 }
 

@@ -22,6 +22,8 @@
 //   synced.bin         written, then synced
 //   unsynced.bin       written just before the test (delayed allocation)
 // It writes change.bin there itself.
+#include "guest_report.hpp"
+
 #include <bam/controller.hpp>
 #include <bam/mapped_file.hpp>
 #include <bam/transport/pci.hpp>
@@ -47,18 +49,9 @@
 
 namespace {
 
-int failures = 0;
-
-void report(const std::string& name, bool ok, const std::string& detail = {}) {
-  std::printf("BAMTEST CASE %s %s %s\n", name.c_str(), ok ? "PASS" : "FAIL", detail.c_str());
-  std::fflush(stdout);
-  if (!ok) ++failures;
-}
-
-void info(const std::string& key, const std::string& value) {
-  std::printf("BAMTEST INFO %s: %s\n", key.c_str(), value.c_str());
-  std::fflush(stdout);
-}
+using bam::guest::failures;
+using bam::guest::info;
+using bam::guest::report;
 
 std::string hex_bytes(const std::uint8_t* p, std::size_t n) {
   std::string s;

@@ -15,6 +15,8 @@
 //            --expect NSID:LBA,...  active namespaces and their LBA sizes as QEMU was told
 //            --inactive NSID,...    namespace ids that must be inactive
 //            --seconds N            ioctl-fuzz duration (default 5)
+#include "guest_report.hpp"
+
 #include <bam/controller.hpp>
 #include <bam/kmod_abi.h>
 #include <bam/transport/pci.hpp>
@@ -44,7 +46,9 @@
 
 namespace {
 
-int failures = 0;
+using bam::guest::failures;
+using bam::guest::info;
+using bam::guest::report;
 
 //! What the guest was asked to use, and what QEMU was told.
 struct test_options {
@@ -71,17 +75,6 @@ std::vector<std::string> split(const std::string& s, char sep) {
   }
   if (!cur.empty()) out.push_back(cur);
   return out;
-}
-
-void report(const std::string& name, bool ok, const std::string& detail = {}) {
-  std::printf("BAMTEST CASE %s %s %s\n", name.c_str(), ok ? "PASS" : "FAIL", detail.c_str());
-  std::fflush(stdout);
-  if (!ok) ++failures;
-}
-
-void info(const std::string& key, const std::string& value) {
-  std::printf("BAMTEST INFO %s: %s\n", key.c_str(), value.c_str());
-  std::fflush(stdout);
 }
 
 std::string hex(std::uint64_t v) {
