@@ -32,15 +32,65 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace bam {
 
+namespace detail {
+
+//! The sysfs wwid Linux gives an NVMe namespace without usable identifiers:
+//! "nvme.VVVV-<serial hex>-<model hex>-NNNNNNNN" (PCI vendor id, serial and
+//! model without trailing blanks, namespace id). Empty if `id` is not that form.
+struct nvme_wwid {
+  std::uint16_t vendor = 0;
+  std::string serial, model;
+  std::uint32_t nsid = 0;
+};
+inline std::optional<nvme_wwid> parse_nvme_wwid(const std::string& id) {
+  if (id.rfind("nvme.", 0) != 0) return std::nullopt;
+  std::vector<std::string> parts;
+  std::size_t from = 5;
+  for (std::size_t dash; (dash = id.find('-', from)) != std::string::npos; from = dash + 1)
+    parts.push_back(id.substr(from, dash - from));
+  parts.push_back(id.substr(from));
+  if (parts.size() != 4 || parts[0].size() != 4 || parts[3].size() != 8) return std::nullopt;
+  auto unhex = [](const std::string& h, std::string& out) {
+    if (h.size() % 2 != 0) return false;
+    for (std::size_t i = 0; i < h.size(); i += 2) {
+      char* end = nullptr;
+      const std::string byte = h.substr(i, 2);
+      const long v = std::strtol(byte.c_str(), &end, 16);
+      if (end != byte.c_str() + 2) return false;
+      out += static_cast<char>(v);
+    }
+    return true;
+  };
+  nvme_wwid w;
+  char* end = nullptr;
+  w.vendor = static_cast<std::uint16_t>(std::strtoul(parts[0].c_str(), &end, 16));
+  if (*end != '\0') return std::nullopt;
+  w.nsid = static_cast<std::uint32_t>(std::strtoul(parts[3].c_str(), &end, 16));
+  if (*end != '\0' || !unhex(parts[1], w.serial) || !unhex(parts[2], w.model)) return std::nullopt;
+  return w;
+}
+
+//! An identify string field without its trailing blanks and NULs (as Linux trims it for the wwid).
+inline std::string trim_id_field(const char* s, std::size_t n) {
+  while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\0')) --n;
+  return std::string(s, n);
+}
+
+} // namespace detail
+
 //! Refuses (ENXIO) a namespace that is evidently not the disk the map was
-//! made on: a different logical block size, fewer blocks than the disk has,
-//! or an NGUID or EUI-64 that differs where both sides report one.
+//! made on: a different logical block size, another size than the disk's,
+//! an NGUID or EUI-64 that differs where both sides report one, or (where
+//! Linux could only name the namespace by its controller) another PCI
+//! vendor, serial number, model or namespace id than the disk's wwid.
 inline void check_same_namespace(const controller& ctrl, std::uint32_t nsid, const extent_map& map) {
   const namespace_info& ns = ctrl.ns(nsid);
   const block_device_info& d = map.device();
@@ -63,6 +113,15 @@ inline void check_same_namespace(const controller& ctrl, std::uint32_t nsid, con
     refuse("its NGUID differs");
   if (nonzero(d.eui64) && nonzero(ns.id.eui64) && std::memcmp(d.eui64.data(), ns.id.eui64, 8) != 0)
     refuse("its EUI-64 differs");
+  if (const auto w = detail::parse_nvme_wwid(d.wwid)) {
+    const nvme_id_ctrl& id = ctrl.identify_data();
+    const std::string serial = detail::trim_id_field(id.sn, sizeof id.sn);
+    const std::string model = detail::trim_id_field(id.mn, sizeof id.mn);
+    if (w->vendor != id.vid || w->serial != serial || w->model != model || w->nsid != nsid)
+      refuse("the disk is namespace " + std::to_string(w->nsid) + " of controller '" + w->model + "' serial '" +
+             w->serial + "' (wwid " + d.wwid + "), this is namespace " + std::to_string(nsid) + " of '" + model +
+             "' serial '" + serial + "'");
+  }
 }
 
 //! Reads `len` bytes of the mapped file from byte `offset` into `dst`, with

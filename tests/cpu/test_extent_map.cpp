@@ -207,6 +207,55 @@ TEST_CASE("extent map: NVMe identifiers as sysfs prints them", "[extent]") {
   CHECK(!bam::detail::parse_hex_id(std::string(""), eui));
 }
 
+TEST_CASE("extent map: the namespace check compares what the disk's sysfs tells", "[extent]") {
+  bam::controller ctrl(bam::open_host_transports(bam::parse_device("emu:ram=4M")).at(0));
+  const nvme_id_ctrl& id = ctrl.identify_data();
+  auto hex = [](const std::string& s) {
+    std::string h;
+    char b[3];
+    for (unsigned char c : s) {
+      std::snprintf(b, sizeof b, "%02x", c);
+      h += b;
+    }
+    return h;
+  };
+  const std::string serial = bam::detail::trim_id_field(id.sn, sizeof id.sn);
+  const std::string model = bam::detail::trim_id_field(id.mn, sizeof id.mn);
+  REQUIRE(!serial.empty());
+  char vid[8];
+  std::snprintf(vid, sizeof vid, "%04x", id.vid);
+  auto d = disk(512);
+  d.disk_bytes = ctrl.ns(1).blocks * 512;
+  auto map_on = [&](const bam::block_device_info& dev) {
+    return bam::extent_map::from_extents("f", {{0, 0, 4096, last}}, 4096, dev);
+  };
+  d.wwid = "nvme." + std::string(vid) + "-" + hex(serial) + "-" + hex(model) + "-00000001";
+  const auto w = bam::detail::parse_nvme_wwid(d.wwid);
+  REQUIRE(w);
+  CHECK(w->serial == serial);
+  CHECK(w->nsid == 1);
+  CHECK_NOTHROW(bam::check_same_namespace(ctrl, 1, map_on(d)));
+  auto refused = [&](const bam::block_device_info& dev, const char* says) {
+    auto [msg, err] = thrown([&] { bam::check_same_namespace(ctrl, 1, map_on(dev)); });
+    CHECK(err == ENXIO);
+    CHECK_THAT(msg, ContainsSubstring(says));
+  };
+  auto other = d;
+  other.wwid = "nvme." + std::string(vid) + "-" + hex(serial + "X") + "-" + hex(model) + "-00000001";
+  refused(other, "serial");
+  other.wwid = "nvme." + std::string(vid) + "-" + hex(serial) + "-" + hex(model) + "-00000002";
+  refused(other, "the disk is namespace 2");
+  other = d;
+  other.disk_bytes += 4096;
+  refused(other, "it holds");
+  other = d;
+  other.lba_size = 4096;
+  refused(other, "its logical blocks are 512 bytes");
+  CHECK(!bam::detail::parse_nvme_wwid("eui.0011223344556677"));
+  CHECK(!bam::detail::parse_nvme_wwid("nvme.1b36-6g-00-00000001"));
+  CHECK(!bam::detail::parse_nvme_wwid("nvme.1b36-00-00"));
+}
+
 // ---------------------------------------------------------------------------
 // Real files
 // ---------------------------------------------------------------------------
