@@ -338,32 +338,79 @@ inline std::vector<std::int64_t> read_int_npy(const std::string& path) {
   gnn_fail(path + ": dtype " + h.dtype + " where integer ids are expected (int32 or int64)");
 }
 
-//! CSR from (src, dst) pairs: rows sorted, duplicates and self loops dropped.
-inline csr_graph csr_from_edges(std::uint64_t nodes, const std::vector<std::int64_t>& src,
-                                const std::vector<std::int64_t>& dst, bool undirected, unsigned threads) {
-  std::vector<std::int64_t> deg(nodes + 1, 0);
-  auto bad = [&](std::int64_t id, std::size_t i) {
-    gnn_fail("edge " + std::to_string(i) + " names node " + std::to_string(id) + ", outside [0, " +
-             std::to_string(nodes) + ") (the feature table's rows)");
-  };
-  for (std::size_t i = 0; i < src.size(); ++i) {
-    if (src[i] < 0 || static_cast<std::uint64_t>(src[i]) >= nodes) bad(src[i], i);
-    if (dst[i] < 0 || static_cast<std::uint64_t>(dst[i]) >= nodes) bad(dst[i], i);
-    if (src[i] == dst[i]) continue;
-    ++deg[static_cast<std::size_t>(src[i])];
-    if (undirected) ++deg[static_cast<std::size_t>(dst[i])];
+//! Calls f(src, dst, edge index) for every edge of an edge list, read in
+//! chunks: a .npy array of shape (E, 2) or (2, E) of int32/int64 ids, or a
+//! text file of two ids a line ('#' and '%' start comments).
+template <class F> void for_each_edge(const std::string& path, F&& f) {
+  if (path.size() > 4 && path.substr(path.size() - 4) == ".npy") {
+    const npy_header h = npy_read_header(path);
+    if (h.shape.size() != 2 || (h.shape[0] != 2 && h.shape[1] != 2))
+      gnn_fail(path + ": an edge array has shape (E, 2) or (2, E)");
+    const bool pairs = h.shape[1] == 2; // (2, 2) is read as two pairs
+    const std::uint64_t e = pairs ? h.shape[0] : h.shape[1];
+    constexpr std::uint64_t chunk = 1 << 22;
+    auto run = [&](auto zero) {
+      using T = decltype(zero);
+      std::vector<T> a(2 * std::min(chunk, e)), b;
+      if (!pairs) b.resize(std::min(chunk, e));
+      for (std::uint64_t lo = 0; lo < e; lo += chunk) {
+        const std::uint64_t n = std::min(chunk, e - lo);
+        if (pairs) {
+          npy_read(path, h, 2 * lo, 2 * n, a.data());
+          for (std::uint64_t i = 0; i < n; ++i)
+            f(static_cast<std::int64_t>(a[2 * i]), static_cast<std::int64_t>(a[2 * i + 1]), lo + i);
+        } else {
+          npy_read(path, h, lo, n, a.data());
+          npy_read(path, h, e + lo, n, b.data());
+          for (std::uint64_t i = 0; i < n; ++i) f(static_cast<std::int64_t>(a[i]), static_cast<std::int64_t>(b[i]), lo + i);
+        }
+      }
+    };
+    if (h.dtype == "<i8" || h.dtype == "<u8") run(std::int64_t{});
+    else if (h.dtype == "<i4") run(std::int32_t{});
+    else if (h.dtype == "<u4") run(std::uint32_t{});
+    else gnn_fail(path + ": dtype " + h.dtype + " where integer ids are expected (int32 or int64)");
+    return;
   }
+  std::ifstream in(path);
+  if (!in) throw_errno("opening " + path);
+  std::string line;
+  std::uint64_t ln = 0, index = 0;
+  while (std::getline(in, line)) {
+    ++ln;
+    const auto p = line.find_first_not_of(" \t\r");
+    if (p == std::string::npos || line[p] == '#' || line[p] == '%') continue;
+    long long a, b;
+    if (std::sscanf(line.c_str() + p, "%lld%*[ \t,]%lld", &a, &b) != 2)
+      gnn_fail(path + ":" + std::to_string(ln) + ": expected two node ids, found '" + line + "'");
+    f(static_cast<std::int64_t>(a), static_cast<std::int64_t>(b), index++);
+  }
+}
+
+//! CSR from an edge list, read twice (degrees, then placement) so that no
+//! edge list is held in memory: rows sorted, duplicates and self loops dropped.
+inline csr_graph csr_from_edges(std::uint64_t nodes, const std::string& path, bool undirected, unsigned threads) {
+  std::vector<std::int64_t> deg(nodes, 0);
+  for_each_edge(path, [&](std::int64_t s, std::int64_t d, std::uint64_t i) {
+    for (const std::int64_t id : {s, d})
+      if (id < 0 || static_cast<std::uint64_t>(id) >= nodes)
+        gnn_fail(path + ": edge " + std::to_string(i) + " names node " + std::to_string(id) + ", outside [0, " +
+                 std::to_string(nodes) + ") (the feature table's rows)");
+    if (s == d) return;
+    ++deg[static_cast<std::size_t>(s)];
+    if (undirected) ++deg[static_cast<std::size_t>(d)];
+  });
   csr_graph g;
   g.indptr.assign(nodes + 1, 0);
   for (std::uint64_t u = 0; u < nodes; ++u) g.indptr[u + 1] = g.indptr[u] + deg[u];
-  std::vector<std::int64_t> cur(g.indptr.begin(), g.indptr.end() - 1);
+  std::vector<std::int64_t>& cur = deg; // reused as each row's next free position
+  std::copy(g.indptr.begin(), g.indptr.end() - 1, cur.begin());
   g.indices.assign(static_cast<std::size_t>(g.indptr[nodes]), 0);
-  for (std::size_t i = 0; i < src.size(); ++i) {
-    if (src[i] == dst[i]) continue;
-    g.indices[static_cast<std::size_t>(cur[static_cast<std::size_t>(src[i])]++)] = static_cast<std::int32_t>(dst[i]);
-    if (undirected)
-      g.indices[static_cast<std::size_t>(cur[static_cast<std::size_t>(dst[i])]++)] = static_cast<std::int32_t>(src[i]);
-  }
+  for_each_edge(path, [&](std::int64_t s, std::int64_t d, std::uint64_t) {
+    if (s == d) return;
+    g.indices[static_cast<std::size_t>(cur[static_cast<std::size_t>(s)]++)] = static_cast<std::int32_t>(d);
+    if (undirected) g.indices[static_cast<std::size_t>(cur[static_cast<std::size_t>(d)]++)] = static_cast<std::int32_t>(s);
+  });
   sort_and_merge_rows(g, thread_count(threads));
   return g;
 }
@@ -393,37 +440,9 @@ inline manifest import_dataset(const std::filesystem::path& dir, const import_op
   std::filesystem::create_directories(dir);
   csr_graph g;
   if (!o.edges.empty()) {
-    std::vector<std::int64_t> src, dst;
-    if (o.edges.size() > 4 && o.edges.substr(o.edges.size() - 4) == ".npy") {
-      const npy_header eh = npy_read_header(o.edges);
-      const std::vector<std::int64_t> all = detail::read_int_npy(o.edges);
-      if (eh.shape.size() != 2 || (eh.shape[0] != 2 && eh.shape[1] != 2))
-        detail::gnn_fail(o.edges + ": an edge array has shape (E, 2) or (2, E)");
-      const bool pairs = eh.shape[1] == 2; // (2, 2) is read as two pairs
-      const std::uint64_t e = pairs ? eh.shape[0] : eh.shape[1];
-      src.resize(e);
-      dst.resize(e);
-      for (std::uint64_t i = 0; i < e; ++i) {
-        src[i] = pairs ? all[2 * i] : all[i];
-        dst[i] = pairs ? all[2 * i + 1] : all[e + i];
-      }
-    } else {
-      std::ifstream f(o.edges);
-      if (!f) throw_errno("opening " + o.edges);
-      std::string line;
-      std::uint64_t ln = 0;
-      while (std::getline(f, line)) {
-        ++ln;
-        const auto p = line.find_first_not_of(" \t\r");
-        if (p == std::string::npos || line[p] == '#' || line[p] == '%') continue;
-        long long a, b;
-        if (std::sscanf(line.c_str() + p, "%lld%*[ \t,]%lld", &a, &b) != 2)
-          detail::gnn_fail(o.edges + ":" + std::to_string(ln) + ": expected two node ids, found '" + line + "'");
-        src.push_back(a);
-        dst.push_back(b);
-      }
-    }
-    g = detail::csr_from_edges(m.nodes, src, dst, o.undirected, o.threads);
+    if (m.nodes > static_cast<std::uint64_t>(INT32_MAX))
+      detail::gnn_fail("more than 2^31 - 1 nodes: the CSR stores 32-bit neighbour ids");
+    g = detail::csr_from_edges(m.nodes, o.edges, o.undirected, o.threads);
     m.graph_source = "imported: edges " + std::filesystem::absolute(o.edges).string();
     m.undirected = o.undirected;
   } else {
@@ -462,7 +481,12 @@ inline check_report check_dataset(const std::filesystem::path& dir, std::uint64_
   const manifest m = read_manifest(dir);
   check_report r;
   const std::vector<std::int64_t> indptr = detail::read_int_npy((dir / m.indptr_file).string());
-  const std::vector<std::int64_t> indices = detail::read_int_npy((dir / m.indices_file).string());
+  // Neighbour ids as stored (int32): a graph of billions of edges is not widened.
+  const std::string ipath = (dir / m.indices_file).string();
+  const npy_header ih = npy_read_header(ipath);
+  if (ih.dtype != "<i4") detail::gnn_fail(ipath + ": dtype " + ih.dtype + ", the dataset format stores int32");
+  std::vector<std::int32_t> indices(ih.elements());
+  npy_read(ipath, ih, 0, indices.size(), indices.data());
   check_csr(indptr, indices, m.nodes);
   if (indices.size() != m.edges)
     detail::gnn_fail("the manifest says " + std::to_string(m.edges) + " edges, indices.npy has " +

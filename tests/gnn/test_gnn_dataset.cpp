@@ -203,6 +203,24 @@ TEST_CASE("import: an edge list and a CSR pair, features referenced in place", "
   std::memcpy(row3, rows.data(), 16);
   CHECK(row3[0] == 12.0f);
   CHECK(bam::gnn::check_dataset(d / "ds", 16).rows_wrong == 0);
+  // The same edges as .npy arrays, (2, E) int32 and (E, 2) int64: the same CSR.
+  const std::vector<std::int32_t> rows2 = {0, 1, 2, 2, 3, 4, /**/ 1, 2, 0, 0, 3, 0};
+  const std::vector<std::int64_t> pairs = {0, 1, 1, 2, 2, 0, 2, 0, 3, 3, 4, 0};
+  bam::gnn::npy_write(d / "e2.npy", "<i4", {2, 6}, rows2.data());
+  bam::gnn::npy_write(d / "e3.npy", "<i8", {6, 2}, pairs.data());
+  auto csr_of = [&](const std::string& ds) {
+    auto h = bam::gnn::npy_read_header(d / (ds + "/indices.npy"));
+    std::vector<std::int32_t> v(h.elements());
+    bam::gnn::npy_read(d / (ds + "/indices.npy"), h, 0, v.size(), v.data());
+    return v;
+  };
+  for (const char* e : {"e2.npy", "e3.npy"}) {
+    o.edges = d / e;
+    const auto me = bam::gnn::import_dataset(d / (std::string("ds-") + e), o);
+    CHECK(me.edges == 8);
+    CHECK(csr_of(std::string("ds-") + e) == csr_of("ds"));
+  }
+  o.edges = d / "edges.txt";
   // A node id past the feature table is refused, naming it.
   {
     std::ofstream e(d / "bad.txt");
