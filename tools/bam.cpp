@@ -477,7 +477,10 @@ int cmd_map(const common_options& co, const map_args& a) {
     std::vector<unsigned char> buf(std::min<std::uint64_t>(size, 4ull << 20));
     const double t0 = static_cast<double>(bam::detail::now_ns());
     if (direct) {
-      const std::uint32_t nsid = a.nsid != 0 ? a.nsid : 1;
+      // A device given by hand is the disk's controller: the disk's namespace
+      // id (sysfs) by default. The software controller over the disk has one.
+      const std::uint32_t nsid =
+          a.nsid != 0 ? a.nsid : !a.device.empty() && map->device().nsid != 0 ? map->device().nsid : 1;
       bam::check_same_namespace(ctrl, nsid, *map);
       for (std::uint64_t off = 0; off < size; off += buf.size()) {
         const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), size - off));
@@ -611,7 +614,8 @@ int main(int argc, char** argv) {
   map->add_option("--device", ma.device,
                   "read the raw blocks through this device string (e.g. /dev/bam-nvme1, the file's namespace); "
                   "default: a read-only software controller over the file's disk, or over the file itself");
-  map->add_option("--nsid", ma.nsid, "namespace of --device holding the file system (default 1)")
+  map->add_option("--nsid", ma.nsid,
+                  "namespace of --device holding the file system (default: the disk's namespace id, else 1)")
       ->check(CLI::Range(1u, 0xfffffffeu));
   map->add_flag("--allow-holes", ma.allow_holes, "read holes and unwritten extents as zeroes instead of refusing");
   map->add_flag("--verify", ma.verify, "read the whole file through the device and compare its checksum");
