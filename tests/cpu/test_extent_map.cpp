@@ -300,27 +300,24 @@ struct scratch_dir {
   std::string file(const char* name) const { return (dir / name).string(); }
 };
 
-//! A controller over the raw disk `m` lies on, read-only; empty (and says why) if it cannot be opened.
+//! A controller over the raw disk `m` lies on, read-only; skips the test (saying why) if it cannot be opened.
 std::unique_ptr<bam::controller> raw_disk_controller(const bam::extent_map& m) {
   const int fd = ::open(m.device().disk_node.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    WARN("skipped: " << m.device().disk_node << " cannot be opened here (" << std::strerror(errno) << ")");
-    return nullptr;
-  }
+  if (fd < 0) SKIP(m.device().disk_node << " cannot be opened here (" << std::strerror(errno) << ")");
   ::close(fd);
   const std::string dev = "emu:file=" + m.device().disk_node + ",ro,lba=" + std::to_string(m.lba_size()) + ",queues=2";
   return std::make_unique<bam::controller>(bam::open_host_transports(bam::parse_device(dev)).at(0));
 }
 
-//! A map of `path`, or nothing (and the reason) when this file system keeps files on no single disk.
+//! A map of `path`; skips the test (saying why) when this file system keeps files on no single disk.
 std::optional<bam::extent_map> map_or_skip(const std::string& path, const bam::extent_map_options& o = {}) {
   try {
     return bam::extent_map::of_file(path, o);
   } catch (const bam::error& e) {
     if (e.errnum() != ENODEV && e.errnum() != EOPNOTSUPP && e.errnum() != ENOTTY) throw;
-    WARN("skipped: " << e.what());
-    return std::nullopt;
+    SKIP(e.what());
   }
+  return std::nullopt; // not reached: SKIP throws
 }
 
 //! Files made in `dir` read through a read-only software controller over
@@ -331,9 +328,7 @@ void check_files_in(const std::filesystem::path& where) {
   const auto data = pattern((3 << 20) + 123, 1); // past any MDTS, a partial last block
   write_file(contiguous, data);
   auto m = map_or_skip(contiguous);
-  if (!m) return;
   auto ctrl = raw_disk_controller(*m);
-  if (!ctrl) return;
   INFO(m->path() << " on " << m->device().disk_node << " partition '" << m->device().partition << "' at "
                  << m->device().partition_start << ", " << m->runs() << " runs");
   const std::uint32_t nsid = 1;
@@ -462,10 +457,7 @@ TEST_CASE("extent map: files on this machine's disk read through raw blocks equa
 
 TEST_CASE("extent map: files on ext4 on a loop device read through raw blocks equal read()", "[extent][file]") {
   loop_ext4 fs;
-  if (!fs.mounted) {
-    WARN("skipped: no ext4 on a loop device here: " << fs.why_not);
-    return;
-  }
+  if (!fs.mounted) SKIP("no ext4 on a loop device here: " << fs.why_not);
   check_files_in(fs.mnt);
   // Here the disk can be opened: the direct path is the one chosen.
   scratch_dir d(fs.mnt);
@@ -478,10 +470,7 @@ TEST_CASE("extent map: files on ext4 on a loop device read through raw blocks eq
 
 TEST_CASE("extent map: writes through raw blocks land in the file's own blocks, never elsewhere", "[extent][file]") {
   loop_ext4 fs;
-  if (!fs.mounted) {
-    WARN("skipped: no ext4 on a loop device here: " << fs.why_not);
-    return;
-  }
+  if (!fs.mounted) SKIP("no ext4 on a loop device here: " << fs.why_not);
   scratch_dir d(fs.mnt);
   const std::string path = d.file("w.bin"), neighbour = d.file("n.bin");
   auto model = pattern((3 << 20) + 123, 20);
@@ -523,20 +512,14 @@ TEST_CASE("extent map: writes through raw blocks land in the file's own blocks, 
 }
 
 TEST_CASE("extent map: a file on tmpfs falls back to the software controller reading the file", "[extent][file]") {
-  if (!std::filesystem::is_directory("/dev/shm")) {
-    WARN("skipped: no /dev/shm");
-    return;
-  }
+  if (!std::filesystem::is_directory("/dev/shm")) SKIP("no /dev/shm");
   scratch_dir d("/dev/shm");
   const std::string path = d.file("features.bin");
   const auto data = pattern(100000, 8); // not a multiple of any block size
   write_file(path, data);
   struct stat st {};
   REQUIRE(::stat("/dev/shm", &st) == 0);
-  if (major(st.st_dev) != 0) {
-    WARN("skipped: /dev/shm is on a block device here");
-    return;
-  }
+  if (major(st.st_dev) != 0) SKIP("/dev/shm is on a block device here");
   const bam::file_access a = bam::plan_file_access(path);
   CHECK(a.kind == bam::file_access::path::via_file);
   CHECK(a.device == "emu:file=" + path + ",ro");
@@ -559,7 +542,6 @@ TEST_CASE("extent map: the direct path is chosen when the file's disk can be ope
   const std::string path = d.file("plan.bin");
   write_file(path, pattern(65536, 9));
   auto m = map_or_skip(path);
-  if (!m) return;
   const bam::file_access a = bam::plan_file_access(path);
   const int fd = ::open(m->device().disk_node.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd >= 0) ::close(fd);

@@ -2,6 +2,8 @@
 // The software NVMe controller driven by hand, as a driver would drive an SSD:
 // register writes, the admin queue through bam::nvme::queue_pair_ref, I/O
 // queues, PRPs, every error status, back-pressure, faults and resets.
+#include "scratch_block_device.hpp"
+
 #include <bam/emu.hpp>
 #include <bam/nvme/prp.hpp>
 #include <bam/nvme/queue.hpp>
@@ -589,11 +591,11 @@ TEST_CASE("emu: file-backed namespace keeps its data across controllers", "[emu]
 }
 
 TEST_CASE("emu: block-device namespace", "[emu][io]") {
-  const char* dev = std::getenv("BAM_TEST_BLOCK_DEVICE");
-  if (dev == nullptr || *dev == '\0')
+  const scratch_block_device dev;
+  if (dev.path.empty())
     SKIP("no scratch block device: set BAM_TEST_BLOCK_DEVICE=/dev/... (its data is overwritten) "
          "to run the controller on block-device media");
-  auto m = emu::make_block_media(dev, 16 << 20);
+  auto m = emu::make_block_media(dev.path, 16 << 20);
   auto cfg = ram_config();
   cfg.namespaces[0] = {m->size() / 512, 512, m};
   harness h(cfg);

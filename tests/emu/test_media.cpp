@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT
 // Media of the software controller: RAM, files (O_DIRECT + io_uring, and the
 // buffered fallback on tmpfs), block devices when one is offered.
+#include "scratch_block_device.hpp"
+
 #include <bam/emu/media.hpp>
 
 #include <catch2/catch_test_macros.hpp>
@@ -186,11 +188,11 @@ TEST_CASE("emu media: missing file without create fails with errno", "[emu][medi
 }
 
 TEST_CASE("emu media: block device", "[emu][media]") {
-  const char* dev = std::getenv("BAM_TEST_BLOCK_DEVICE");
-  if (dev == nullptr || *dev == '\0')
+  const scratch_block_device dev;
+  if (dev.path.empty())
     SKIP("no scratch block device: set BAM_TEST_BLOCK_DEVICE=/dev/... (its data is overwritten) "
          "to test block-device media");
-  auto m = bam::emu::make_block_media(dev, 64 << 20);
+  auto m = bam::emu::make_block_media(dev.path, 64 << 20);
   INFO(m->describe());
   exercise(*m);
   concurrent_neighbours(*m);
