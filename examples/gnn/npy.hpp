@@ -16,6 +16,7 @@
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace bam::gnn {
@@ -82,66 +83,90 @@ inline void npy_write(const std::string& path, const std::string& dtype, const s
   if (std::fclose(f) != 0 || !ok) throw_errno("writing " + path, ok ? errno : err);
 }
 
-//! Parses the header of `path`; refuses Fortran order, big-endian and object arrays.
-inline npy_header npy_read_header(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw_errno("opening " + path);
-  char pre[12];
-  const ssize_t got = ::pread(fd, pre, sizeof pre, 0);
-  if (got < 10 || std::memcmp(pre, "\x93NUMPY", 6) != 0) {
-    ::close(fd);
-    detail::npy_fail(path, "not a .npy file");
-  }
-  const int major = static_cast<unsigned char>(pre[6]);
-  std::uint64_t len, start;
-  if (major == 1) {
-    len = static_cast<unsigned char>(pre[8]) | static_cast<unsigned>(static_cast<unsigned char>(pre[9])) << 8;
-    start = 10;
-  } else if (major == 2 || major == 3) {
-    if (got < 12) {
-      ::close(fd);
-      detail::npy_fail(path, "truncated .npy header");
-    }
-    len = 0;
-    for (int i = 3; i >= 0; --i) len = len << 8 | static_cast<unsigned char>(pre[8 + i]);
-    start = 12;
-  } else {
-    ::close(fd);
-    detail::npy_fail(path, ".npy version " + std::to_string(major) + " is not known");
-  }
-  std::string dict(len, '\0');
-  const ssize_t r = ::pread(fd, dict.data(), len, static_cast<off_t>(start));
-  ::close(fd);
-  if (r != static_cast<ssize_t>(len)) detail::npy_fail(path, "truncated .npy header");
+//! Bytes of the header of a .npy file from its first 12 bytes (magic,
+//! version, header length): the data starts there. Refuses what is not a
+//! .npy header.
+inline std::uint64_t npy_header_length(std::string_view pre, const std::string& name) {
+  if (pre.size() < 10 || pre.substr(0, 6) != std::string_view("\x93NUMPY", 6)) detail::npy_fail(name, "not a .npy file");
+  const auto byte = [&](std::size_t i) { return static_cast<std::uint64_t>(static_cast<unsigned char>(pre[i])); };
+  const std::uint64_t major = byte(6);
+  if (major == 1) return 10 + (byte(8) | byte(9) << 8);
+  if (major != 2 && major != 3) detail::npy_fail(name, ".npy version " + std::to_string(major) + " is not known");
+  if (pre.size() < 12) detail::npy_fail(name, "truncated .npy header");
+  const std::uint64_t len = byte(8) | byte(9) << 8 | byte(10) << 16 | byte(11) << 24;
+  if (len > (64u << 20)) detail::npy_fail(name, "a .npy header of " + std::to_string(len) + " bytes is not plausible");
+  return 12 + len;
+}
+
+//! Parses a .npy header (`bytes`: the file's first npy_header_length bytes
+//! at least); refuses Fortran order, big-endian, object and other arrays
+//! bam does not read, and shapes whose size overflows.
+inline npy_header npy_parse_header(std::string_view bytes, const std::string& name) {
+  const std::uint64_t total = npy_header_length(bytes, name);
+  if (bytes.size() < total) detail::npy_fail(name, "truncated .npy header");
+  const std::uint64_t start = static_cast<unsigned char>(bytes[6]) == 1 ? 10 : 12;
+  const std::string dict(bytes.substr(start, total - start));
   auto value_of = [&](const std::string& key) -> std::string {
     const auto k = dict.find("'" + key + "'");
-    if (k == std::string::npos) detail::npy_fail(path, "no '" + key + "' in the .npy header");
-    auto v = dict.find(':', k) + 1;
+    const auto colon = k == std::string::npos ? k : dict.find(':', k);
+    if (colon == std::string::npos) detail::npy_fail(name, "no '" + key + "' in the .npy header");
+    auto v = colon + 1;
     while (v < dict.size() && dict[v] == ' ') ++v;
     return dict.substr(v);
   };
   npy_header h;
-  std::string d = value_of("descr");
-  if (d.empty() || (d[0] != '\'' && d[0] != '"')) detail::npy_fail(path, "unreadable dtype in the .npy header");
-  h.dtype = d.substr(1, d.find(d[0], 1) - 1);
+  const std::string d = value_of("descr");
+  const auto close = d.empty() ? std::string::npos : d.find(d[0], 1);
+  if (d.empty() || (d[0] != '\'' && d[0] != '"') || close == std::string::npos)
+    detail::npy_fail(name, "unreadable dtype in the .npy header");
+  h.dtype = d.substr(1, close - 1);
   if (h.dtype.size() == 3 && h.dtype[0] == '=') h.dtype[0] = '<'; // native order on a little-endian machine
   if (!detail::known_dtype(h.dtype))
-    detail::npy_fail(path, "dtype '" + h.dtype + "' is not supported (little-endian ints and floats)");
+    detail::npy_fail(name, "dtype '" + h.dtype + "' is not supported (little-endian ints and floats)");
   if (value_of("fortran_order").rfind("False", 0) != 0)
-    detail::npy_fail(path, "Fortran-order arrays are not supported: save with np.ascontiguousarray");
-  const std::string s = value_of("shape");
-  if (s.empty() || s[0] != '(') detail::npy_fail(path, "unreadable shape in the .npy header");
-  for (std::size_t i = 1; i < s.size() && s[i] != ')';) {
-    if (s[i] >= '0' && s[i] <= '9') {
-      std::size_t n = 0;
-      h.shape.push_back(std::stoull(s.substr(i), &n));
-      i += n;
-    } else {
-      ++i;
+    detail::npy_fail(name, "Fortran-order arrays are not supported: save with np.ascontiguousarray");
+  const std::string sh = value_of("shape");
+  if (sh.empty() || sh[0] != '(') detail::npy_fail(name, "unreadable shape in the .npy header");
+  std::uint64_t elements = 1;
+  std::size_t i = 1;
+  for (; i < sh.size() && sh[i] != ')'; ++i) {
+    if (sh[i] == ' ' || sh[i] == ',') continue;
+    if (sh[i] < '0' || sh[i] > '9') detail::npy_fail(name, "unreadable shape in the .npy header");
+    std::uint64_t n = 0;
+    for (; i < sh.size() && sh[i] >= '0' && sh[i] <= '9'; ++i) {
+      if (n > (UINT64_MAX - 9) / 10) detail::npy_fail(name, "a dimension of the shape overflows");
+      n = n * 10 + static_cast<std::uint64_t>(sh[i] - '0');
     }
+    --i;
+    if (n != 0 && elements > (std::uint64_t{1} << 62) / n) detail::npy_fail(name, "the array's size overflows");
+    elements *= n;
+    h.shape.push_back(n);
   }
-  h.data_offset = start + len;
+  if (i >= sh.size()) detail::npy_fail(name, "unreadable shape in the .npy header");
+  if (elements > (std::uint64_t{1} << 62) / h.item_bytes()) detail::npy_fail(name, "the array's size overflows");
+  h.data_offset = total;
   return h;
+}
+
+//! Parses the header of the .npy file `path`.
+inline npy_header npy_read_header(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw_errno("opening " + path);
+  std::string head(12, '\0');
+  const ssize_t got = ::pread(fd, head.data(), head.size(), 0);
+  head.resize(got < 0 ? 0 : static_cast<std::size_t>(got));
+  std::uint64_t total = 0;
+  try {
+    total = npy_header_length(head, path);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  head.resize(total);
+  const ssize_t r = ::pread(fd, head.data(), total, 0);
+  ::close(fd);
+  if (r != static_cast<ssize_t>(total)) detail::npy_fail(path, "truncated .npy header");
+  return npy_parse_header(head, path);
 }
 
 //! Reads `count` elements from element `first` of a 1-D or flattened array.
