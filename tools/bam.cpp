@@ -468,7 +468,6 @@ int cmd_map(const common_options& co, const map_args& a) {
                       {"length", x[i].length}});
     j["first_runs"] = runs;
   }
-  const bool direct = path_kind == "direct";
   if (a.verify) {
     auto cs = open_device(device, 0, 0);
     bam::controller& ctrl = single(cs, device);
@@ -476,11 +475,10 @@ int cmd_map(const common_options& co, const map_args& a) {
     bam::detail::xxh128_stream through;
     std::vector<unsigned char> buf(std::min<std::uint64_t>(size, 4ull << 20));
     const double t0 = static_cast<double>(bam::detail::now_ns());
-    if (direct) {
-      // A device given by hand is the disk's controller: the disk's namespace
-      // id (sysfs) by default. The software controller over the disk has one.
-      const std::uint32_t nsid =
-          a.nsid != 0 ? a.nsid : !a.device.empty() && map->device().nsid != 0 ? map->device().nsid : 1;
+    if (!a.device.empty()) {
+      // A device given by hand is the disk's controller, read at the map's
+      // LBAs: the disk's namespace id (sysfs) by default.
+      const std::uint32_t nsid = a.nsid != 0 ? a.nsid : map->device().nsid != 0 ? map->device().nsid : 1;
       bam::check_same_namespace(ctrl, nsid, *map);
       for (std::uint64_t off = 0; off < size; off += buf.size()) {
         const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), size - off));
@@ -488,7 +486,7 @@ int cmd_map(const common_options& co, const map_args& a) {
         through.update(buf.data(), n);
       }
     } else {
-      // The software controller over the file: namespace offsets are file offsets.
+      // emu:extents= or emu:file= over the file: namespace offsets are file offsets.
       const std::uint32_t lbs = ctrl.ns(1).lba_size;
       auto dma = ctrl.transport_ref().alloc(buf.size() + lbs);
       for (std::uint64_t off = 0; off < size; off += buf.size()) {

@@ -7,6 +7,8 @@
 //!   emu-gpu:ram=1G,iops=1M,latency=80us   ... with a model of a real SSD
 //!   emu:file=/path/disk.img[,size=8G]     software controller, CPU engine, a file (or block device)
 //!   emu:file=/dev/nvme0n1,ro     ... read-only: writes answered Namespace is Write Protected
+//!   emu:extents=/data/f.bin[,holes]       ... the file read from the raw disk under it through
+//!                                its extent map (read-only; holes as zeroes with `holes`)
 //!   emu:ram=64M                  software controller, CPU engine, RAM
 //!   /dev/bam-nvme0[+/dev/bam-nvme1...]    real controllers through the kernel module
 //!
@@ -55,6 +57,8 @@ struct device_spec {
   std::uint64_t latency_ns = 0;
   std::uint64_t timeout_ns = 10'000'000'000ull;
   bool read_only = false;           //!< `ro`: file media opened read-only
+  bool extents = false;             //!< `extents=PATH`: the file through its extents on the raw disk
+  bool holes = false;               //!< with extents: holes and unwritten extents read as zeroes
 };
 
 namespace detail {
@@ -152,9 +156,9 @@ inline device_spec parse_device(const std::string& text) {
   while (!opts.empty()) {
     const auto comma = opts.find(',');
     const std::string_view item = opts.substr(0, comma);
-    if (item == "ro") {
-      if (s.kind != device_kind::emu_cpu) bad_device(text, "ro applies to file media (emu:file=...,ro)");
-      s.read_only = true;
+    if (item == "ro" || item == "holes") {
+      if (s.kind != device_kind::emu_cpu) bad_device(text, std::string(item) + " applies to file media (emu:file=...,ro)");
+      (item == "ro" ? s.read_only : s.holes) = true;
       if (comma == std::string_view::npos) break;
       opts.remove_prefix(comma + 1);
       continue;
@@ -174,10 +178,11 @@ inline device_spec parse_device(const std::string& text) {
       media(k == "ram" ? media_kind::ram : k == "hbm" ? media_kind::hbm : media_kind::null);
       s.bytes = parse_size(text, k, v);
       if (s.bytes == 0) bad_device(text, std::string(k) + " size is zero");
-    } else if (k == "file") {
-      if (s.kind != device_kind::emu_cpu) bad_device(text, "file media needs the CPU engine (emu:)");
+    } else if (k == "file" || k == "extents") {
+      if (s.kind != device_kind::emu_cpu) bad_device(text, std::string(k) + " media needs the CPU engine (emu:)");
       media(media_kind::file);
       s.path = std::string(v);
+      if (k == "extents") s.extents = s.read_only = true;
     } else if (k == "size") {
       s.bytes = parse_size(text, k, v);
       have_size = true;
@@ -209,6 +214,9 @@ inline device_spec parse_device(const std::string& text) {
   if (!have_media) bad_device(text, "no media given (ram=, hbm=, null= or file=)");
   if (have_size && s.media != media_kind::file) bad_device(text, "size= applies to file media only");
   if (s.read_only && s.media != media_kind::file) bad_device(text, "ro applies to file media only");
+  if (s.holes && !s.extents) bad_device(text, "holes applies to extents= media only");
+  if (s.extents && have_size) bad_device(text, "size= does not apply to extents= media: the file's size is used");
+  if (s.extents && s.ssds != 1) bad_device(text, "extents= media is one file: ssds=1");
   if (s.bytes % s.lba_size != 0) bad_device(text, "media size is not a multiple of the LBA size");
   return s;
 }

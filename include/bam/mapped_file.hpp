@@ -13,7 +13,8 @@
 //!                                          overwrites bytes of the file in its
 //!                                          allocated blocks (map made with
 //!                                          for_writing); never allocates
-//!   plan_file_access(path)                 which device string reads `path`,
+//!   plan_file_access(path)                 which device string reads `path`
+//!                                          (emu:extents=PATH or emu:file=PATH,ro),
 //!                                          and why
 //!
 //! @code
@@ -233,9 +234,12 @@ inline void write_mapped(controller& ctrl, std::uint32_t nsid, const extent_map&
   map.check_unchanged();
 }
 
-//! How a file is read: through raw blocks of its disk (`direct`: a software
-//! controller over the raw block device, read-only, with the map) or by the
-//! software controller's CPU engine reading the file itself (`via_file`).
+//! How a file is read: through raw blocks of its disk (`direct`:
+//! `emu:extents=PATH`, a software controller whose namespace is the file,
+//! read from the raw disk through the map) or by the software controller's
+//! CPU engine reading the file itself (`via_file`: `emu:file=PATH,ro`).
+//! Either way byte x of namespace 1 is byte x of the file, so a
+//! `bam::array` or a host reader opens `device` and reads from offset 0.
 struct file_access {
   enum class path { direct, via_file };
   path kind = path::via_file;
@@ -275,7 +279,7 @@ inline file_access plan_file_access(const std::string& path, const extent_map_op
   }
   ::close(fd);
   a.kind = file_access::path::direct;
-  a.device = "emu:file=" + node + ",ro,lba=" + std::to_string(m->lba_size());
+  a.device = "emu:extents=" + path + (opts.allow_holes ? ",holes" : "");
   a.reason = "reading " + std::to_string(m->runs()) + " run(s) of raw blocks of " + node +
              (m->device().partition.empty() ? "" : " (partition " + m->device().partition + " at byte " +
                                                       std::to_string(m->device().partition_start) + ")") +

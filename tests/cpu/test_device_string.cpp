@@ -32,6 +32,12 @@ TEST_CASE("device strings choose the transport", "[device]") {
   CHECK(s.read_only);
   CHECK(s.path == "/dev/nvme0n1");
   CHECK(s.lba_size == 4096);
+  s = bam::parse_device("emu:extents=/data/f.bin,holes");
+  CHECK(s.extents);
+  CHECK(s.holes);
+  CHECK(s.read_only);
+  CHECK(s.media == bam::media_kind::file);
+  CHECK(s.path == "/data/f.bin");
   s = bam::parse_device("emu:ram=64M");
   CHECK(s.kind == bam::device_kind::emu_cpu);
   CHECK(s.bytes == 64ull << 20);
@@ -73,4 +79,7 @@ TEST_CASE("bad device strings say what is wrong", "[device]") {
   fails_with("emu:ram=64M,ro", "ro applies to file media only");
   fails_with("emu-gpu:ram=64M,ro", "ro applies to file media");
   fails_with("emu:file=/x,rw", "'rw' is not key=value");
+  fails_with("emu:file=/x,holes", "holes applies to extents= media only");
+  fails_with("emu:extents=/x,size=1G", "size= does not apply to extents= media");
+  fails_with("emu-gpu:extents=/x", "needs the CPU engine");
 }

@@ -370,6 +370,23 @@ void check_files_in(const std::filesystem::path& where) {
   CHECK(same(ga, pa));
   UNSCOPED_INFO(a << ": " << ma.raw_extents() << " extents from the file system, " << ma.runs() << " runs");
 
+  // The same files as namespaces of their own (emu:extents=): byte x of
+  // namespace 1 is byte x of the file, read from the raw disk.
+  for (const auto& [file, want] : {std::pair{contiguous, data}, std::pair{a, pa}}) {
+    bam::controller fc(bam::open_host_transports(bam::parse_device("emu:extents=" + file)).at(0));
+    // The file, then zeroes up to a multiple of 64 KiB (cache pages of any size fit).
+    REQUIRE(fc.ns(1).blocks == (want.size() + 65535) / 65536 * 128);
+    auto all = fc.transport_ref().alloc(fc.ns(1).blocks * 512);
+    fc.read(1, 0, static_cast<std::uint32_t>(fc.ns(1).blocks), *all);
+    CHECK(std::equal(want.begin(), want.end(), all->as<unsigned char>()));
+    CHECK(std::all_of(all->as<unsigned char>() + want.size(), all->as<unsigned char>() + fc.ns(1).blocks * 512,
+                      [](unsigned char b) { return b == 0; }));
+    // An unaligned namespace range within the file: one block across a run boundary.
+    fc.read(1, 7, 2, *all);
+    CHECK(std::equal(want.begin() + 7 * 512, want.begin() + 9 * 512, all->as<unsigned char>()));
+    CHECK_THAT(thrown([&] { fc.write(1, 0, 1, *all); }).first, ContainsSubstring("Write Protected"));
+  }
+
   // A sparse file: refused, or zeroes in the holes when allowed.
   const std::string sp = d.file("sparse.bin");
   write_file(sp, pattern(8192, 4));
@@ -384,9 +401,27 @@ void check_files_in(const std::filesystem::path& where) {
   std::vector<unsigned char> gs(ms.file_size());
   bam::read_mapped(*ctrl, nsid, ms, 0, gs.data(), gs.size());
   CHECK(same(gs, read_file(sp)));
+  CHECK_THAT(thrown([&] { bam::open_host_transports(bam::parse_device("emu:extents=" + sp)); }).first,
+             ContainsSubstring("a hole of"));
+  {
+    bam::controller hc(bam::open_host_transports(bam::parse_device("emu:extents=" + sp + ",holes")).at(0));
+    auto all = hc.transport_ref().alloc(hc.ns(1).blocks * 512);
+    hc.read(1, 0, static_cast<std::uint32_t>(hc.ns(1).blocks), *all);
+    CHECK(std::equal(gs.begin(), gs.end(), all->as<unsigned char>()));
+  }
 
-  // A file that changes after mapping is not read stale.
+  // A file that changes after mapping is not read stale: not by read_mapped,
+  // and not by a controller over its extents (within its check interval).
+  bam::controller watched(bam::open_host_transports(bam::parse_device("emu:extents=" + contiguous)).at(0));
+  std::vector<std::string> warnings;
+  bam::set_warning_handler([&](const std::string& w) { warnings.push_back(w); });
   write_file(contiguous, pattern(4096, 6), data.size(), false); // appended
+  ::usleep(150000);
+  auto wb = watched.transport_ref().alloc(4096);
+  CHECK_THAT(thrown([&] { watched.read(1, 0, 8, *wb); }).first, ContainsSubstring("Unrecovered Read Error"));
+  bam::set_warning_handler({});
+  REQUIRE(warnings.size() == 1);
+  CHECK_THAT(warnings[0], ContainsSubstring("changed after it was mapped"));
   std::vector<unsigned char> g(4096);
   std::tie(msg, err) = thrown([&] { bam::read_mapped(*ctrl, nsid, *m, 0, g.data(), g.size()); });
   CHECK(err == ESTALE);
@@ -464,7 +499,7 @@ TEST_CASE("extent map: files on ext4 on a loop device read through raw blocks eq
   write_file(d.file("plan.bin"), pattern(65536, 9));
   const bam::file_access a = bam::plan_file_access(d.file("plan.bin"));
   CHECK(a.kind == bam::file_access::path::direct);
-  CHECK(a.device == "emu:file=" + fs.loop + ",ro,lba=512");
+  CHECK(a.device == "emu:extents=" + d.file("plan.bin"));
   CHECK_THAT(a.reason, ContainsSubstring("1 run(s) of raw blocks of " + fs.loop));
 }
 
@@ -551,7 +586,7 @@ TEST_CASE("extent map: the direct path is chosen when the file's disk can be ope
     return;
   }
   CHECK(a.kind == bam::file_access::path::direct);
-  CHECK(a.device == "emu:file=" + m->device().disk_node + ",ro,lba=" + std::to_string(m->lba_size()));
+  CHECK(a.device == "emu:extents=" + path);
   REQUIRE(a.map);
   CHECK(a.map->runs() == m->runs());
   CHECK_THAT(a.reason, ContainsSubstring(m->device().disk_node));

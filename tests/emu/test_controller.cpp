@@ -591,7 +591,7 @@ TEST_CASE("emu: file-backed namespace keeps its data across controllers", "[emu]
 }
 
 TEST_CASE("emu: block-device namespace", "[emu][io]") {
-  const scratch_block_device dev;
+  const scratch_block_device dev(16 << 20);
   if (dev.path.empty())
     SKIP("no scratch block device: set BAM_TEST_BLOCK_DEVICE=/dev/... (its data is overwritten) "
          "to run the controller on block-device media");

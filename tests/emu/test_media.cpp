@@ -188,7 +188,7 @@ TEST_CASE("emu media: missing file without create fails with errno", "[emu][medi
 }
 
 TEST_CASE("emu media: block device", "[emu][media]") {
-  const scratch_block_device dev;
+  const scratch_block_device dev(64 << 20);
   if (dev.path.empty())
     SKIP("no scratch block device: set BAM_TEST_BLOCK_DEVICE=/dev/... (its data is overwritten) "
          "to test block-device media");

@@ -61,3 +61,57 @@ TEST_CASE("CPU engine for GPU clients: random reads and writes on a file", "[gpu
   for (std::uint64_t i = 0; i < data.size(); ++i) bad += data[i] != static_cast<std::uint32_t>(i * 2654435761u);
   CHECK(bad == 0);
 }
+
+namespace {
+
+__global__ void copy_out_kernel(bam::array_ref<std::uint32_t> a, std::uint32_t* out) {
+  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < a.size();
+       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
+    out[i] = a[i];
+}
+
+} // namespace
+
+TEST_CASE("bam::array::open reads a file: through its extents on the raw disk where it opens, else the file",
+          "[gpu][client][file]") {
+  // A file where the tests run (a disk) and one on tmpfs (no blocks to map).
+  for (const std::string dir : {std::string("."), std::string("/dev/shm")}) {
+    const std::string path = dir + "/bam-gpu-open-" + std::to_string(::getpid()) + ".bin";
+    const std::size_t n = (3u << 20) / 4 + 1001; // not a multiple of any page size
+    std::vector<std::uint32_t> data(n);
+    for (std::size_t i = 0; i < n; ++i) data[i] = static_cast<std::uint32_t>(i * 2654435761u);
+    {
+      std::FILE* f = std::fopen(path.c_str(), "wb");
+      REQUIRE(f != nullptr);
+      REQUIRE(std::fwrite(data.data(), 4, n, f) == n);
+      REQUIRE(std::fflush(f) == 0);
+      REQUIRE(::fsync(::fileno(f)) == 0);
+      std::fclose(f);
+    }
+    std::vector<std::string> warnings;
+    bam::set_warning_handler([&](const std::string& w) { warnings.push_back(w); });
+    {
+      bam::page_cache cache({.page_size = 16384, .capacity = 1 << 20}); // smaller than the file
+      auto a = bam::array<std::uint32_t>::open(cache, path, "queues=8,threads=2");
+      INFO(a.source());
+      REQUIRE(a.size() == n);
+      bam::device_buffer<std::uint32_t> out(n);
+      copy_out_kernel<<<128, 256>>>(a.ref(), out.get());
+      BAM_TEST_SYNC();
+      REQUIRE_NOTHROW(a.check());
+      std::vector<std::uint32_t> got(n);
+      bam::copy_to_host(got.data(), out.get(), n);
+      std::size_t bad = 0;
+      for (std::size_t i = 0; i < n; ++i) bad += got[i] != data[i];
+      CHECK(bad == 0);
+      if (a.source().rfind("emu:file=", 0) == 0) {
+        CHECK(warnings.size() == 1); // the fallback is said
+      } else {
+        CHECK(a.source().rfind("emu:extents=", 0) == 0);
+        CHECK(warnings.empty());
+      }
+    }
+    bam::set_warning_handler({});
+    std::remove(path.c_str());
+  }
+}

@@ -88,6 +88,9 @@ namespace detail {
 
 //! Size of a memory page for madvise and of the O_DIRECT alignment used for files.
 inline constexpr std::size_t media_page_size = 4096;
+//! A read-only file served as a namespace reads as zeroes past its end up to
+//! a multiple of this, so that cache pages of any size (up to 64 KiB) fit.
+inline constexpr std::uint64_t file_namespace_alignment = 64 * 1024;
 //! Largest piece of zeroes written at once when a file system cannot zero a range itself.
 inline constexpr std::size_t zero_chunk_bytes = 1u << 20;
 //! Submission queue entries per io_uring ring (each ring serves one caller at a time).
@@ -341,9 +344,9 @@ public:
         bytes_ = bytes != 0 ? bytes : static_cast<std::uint64_t>(st.st_size);
         // Sized so that every O_DIRECT block of the media lies inside the file.
         const std::uint64_t want = align_up(bytes_, align_);
-        // A read-only file is never extended: its last partial block reads
-        // as the file's bytes, then zeroes.
-        if (read_only) bytes_ = want;
+        // A read-only file is never extended: past its end it reads as
+        // zeroes, up to a multiple of 64 KiB (any cache page size fits).
+        if (read_only) bytes_ = align_up(bytes_, file_namespace_alignment);
         if (!read_only && static_cast<std::uint64_t>(st.st_size) < want &&
             ::ftruncate(buffered_fd_, static_cast<off_t>(want)) != 0)
           throw_errno("extending media file " + path + " to " + std::to_string(want) + " bytes");

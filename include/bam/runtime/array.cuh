@@ -12,6 +12,9 @@
 //!    pages referenced between accesses, so a warp walking through a page
 //!    pays for the cache lookup once per page, not once per element.
 //!  - Pages are striped over the storage's controllers; many arrays share one cache.
+//!  - `array<T>::open(cache, "/data/features.bin")`: an array over a file,
+//!    read through its blocks on the raw disk where that disk can be opened
+//!    here, else through the file (said through `bam::warn`).
 //!  - A bad index or a device error never corrupts anything: the first failure
 //!    (index, LBA, controller, NVMe status) is recorded, the access yields
 //!    `T{}`, and the host turns it into a `bam::error` in `check()`.
@@ -30,6 +33,7 @@
 #pragma once
 
 #include <bam/cuda.cuh>
+#include <bam/mapped_file.hpp>
 #include <bam/runtime/detail/array_access.cuh>
 #include <bam/runtime/page_cache.cuh>
 #include <bam/runtime/storage.cuh>
@@ -37,6 +41,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -74,6 +79,37 @@ public:
     ref_.err = err_.get();
   }
 
+  //! An array over the file `path`: its size / sizeof(T) elements, read by
+  //! the software controller's CPU engine either from the file's blocks on
+  //! its raw disk, through the file's extent map (`emu:extents=PATH`, when
+  //! the disk can be opened here), or from the file itself
+  //! (`emu:file=PATH,ro`, said through `bam::warn` with the reason).
+  //! `source()` tells which. Read-only: a write is reported by check().
+  //! `options` go into the device string (e.g. "queues=32,threads=8").
+  //! Throws `bam::error` for a file bam cannot read correctly (holes, data
+  //! not yet on disk: see extent_map) or whose size is not a whole number
+  //! of elements.
+  static array open(page_cache& cache, const std::string& path, const std::string& options = "",
+                    cudaStream_t stream = nullptr) {
+    const file_access a = plan_file_access(path);
+    if (a.kind == file_access::path::via_file) warn(path + ": " + a.reason);
+    const std::uint64_t bytes = a.map ? a.map->file_size() : std::filesystem::file_size(path);
+    if (bytes == 0 || bytes % sizeof(T) != 0) {
+      error_context c;
+      c.errnum = EINVAL;
+      throw error("bam::array::open: " + path + " holds " + std::to_string(bytes) + " bytes, not a whole number (> 0) of " +
+                      std::to_string(sizeof(T)) + "-byte elements",
+                  c);
+    }
+    const bam::storage s(a.device + (options.empty() ? "" : "," + options));
+    array arr(cache, s, bytes / sizeof(T), 0, stream);
+    arr.source_ = a.device + ": " + a.reason;
+    return arr;
+  }
+
+  //! Where an array made by open() reads from, and why; empty otherwise.
+  const std::string& source() const { return source_; }
+
   //! Writes dirty pages back (when no other array shares them) and detaches.
   //! A failure is reported through `bam::warn`; the pages stay in the cache
   //! and `page_cache::flush` tries again.
@@ -94,7 +130,8 @@ public:
   array& operator=(const array&) = delete;
   array(array&& o) noexcept
       : cache_(std::move(o.cache_)), storage_(std::move(o.storage_)), n_(o.n_), npages_(o.npages_),
-        binding_(o.binding_), err_(std::move(o.err_)), ref_(o.ref_), attached_(std::exchange(o.attached_, false)) {}
+        binding_(o.binding_), err_(std::move(o.err_)), ref_(o.ref_), attached_(std::exchange(o.attached_, false)),
+        source_(std::move(o.source_)) {}
   array& operator=(array&& o) noexcept {
     if (this != &o) {
       this->~array();
@@ -141,6 +178,7 @@ private:
   device_buffer<device_error_record> err_;
   array_ref<T> ref_{};
   bool attached_ = false;
+  std::string source_;
 };
 
 } // namespace bam

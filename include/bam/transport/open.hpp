@@ -14,6 +14,7 @@
 
 #include <bam/device_string.hpp>
 #include <bam/emu.hpp>
+#include <bam/emu/extent_media.hpp>
 #include <bam/error.hpp>
 #include <bam/transport/pci.hpp>
 #include <bam/transport/transport.hpp>
@@ -29,6 +30,11 @@ namespace bam {
 //! Media of software controller `index` of an `emu:` or `emu-gpu:ram=` spec
 //! (a file spec with several controllers uses `path.0`, `path.1`, ...).
 inline std::shared_ptr<emu::media> open_emu_media(const device_spec& spec, std::uint32_t index) {
+  if (spec.media == media_kind::file && spec.extents) {
+    extent_map_options o;
+    o.allow_holes = spec.holes;
+    return emu::make_extent_media(extent_map::of_file(spec.path, o));
+  }
   if (spec.media == media_kind::file) {
     const std::string path = spec.ssds == 1 ? spec.path : spec.path + "." + std::to_string(index);
     struct stat st {};
