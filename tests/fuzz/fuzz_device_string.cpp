@@ -40,6 +40,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (s.media == bam::media_kind::file) expect(!s.path.empty(), "file media without a path");
   else expect(s.bytes != 0, "media of zero bytes");
   if (s.kind == bam::device_kind::emu_cpu) expect(s.media == bam::media_kind::ram || s.media == bam::media_kind::file, "GPU-only media on the CPU engine");
+  if (s.read_only) expect(s.media == bam::media_kind::file, "read-only media that is not a file");
+  if (s.extents) expect(s.read_only && s.ssds == 1 && s.bytes == 0, "extents media writable, striped or sized");
+  if (s.holes) expect(s.extents, "holes without extents media");
   // The same text parses the same way again.
   const bam::device_spec again = bam::parse_device(text);
   expect(again.bytes == s.bytes && again.media == s.media && again.path == s.path, "parsing is not repeatable");
