@@ -97,6 +97,17 @@ namespace detail {
   throw error("cannot read " + path + " through raw blocks: " + why, c);
 }
 
+//! A file opened read-only, closed when it goes out of scope.
+struct readonly_fd {
+  int fd;
+  readonly_fd(const std::string& path, const std::string& why) : fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+    if (fd < 0) throw_errno("opening " + path + why);
+  }
+  ~readonly_fd() { ::close(fd); }
+  readonly_fd(const readonly_fd&) = delete;
+  readonly_fd& operator=(const readonly_fd&) = delete;
+};
+
 inline std::string read_sysfs(const std::filesystem::path& p) {
   std::ifstream f(p);
   std::string s;
@@ -160,12 +171,8 @@ public:
 
   //! Maps `path`; see the file's comment for what is refused.
   static extent_map of_file(const std::string& path, const extent_map_options& opts = {}) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw_errno("opening " + path);
-    struct closer {
-      int fd;
-      ~closer() { ::close(fd); }
-    } close_fd{fd};
+    const detail::readonly_fd file(path, "");
+    const int fd = file.fd;
     struct stat st {};
     if (::fstat(fd, &st) != 0) throw_errno("stat " + path);
     if (!S_ISREG(st.st_mode)) detail::extent_refusal(path, "not a regular file", EINVAL);
@@ -316,12 +323,8 @@ public:
   //! then be stale. Maps made by from_extents have no file to compare with.
   void check_unchanged() const {
     if (!mapped_from_file_) return;
-    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw_errno("opening " + path_ + " to check it is unchanged");
-    struct closer {
-      int fd;
-      ~closer() { ::close(fd); }
-    } close_fd{fd};
+    const detail::readonly_fd file(path_, " to check it is unchanged");
+    const int fd = file.fd;
     struct stat st {};
     if (::fstat(fd, &st) != 0) throw_errno("stat " + path_);
     std::string what;

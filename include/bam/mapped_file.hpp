@@ -85,6 +85,27 @@ inline std::string trim_id_field(const char* s, std::size_t n) {
   return std::string(s, n);
 }
 
+//! Walks bytes [offset, offset + len) of a mapped file in pieces that are
+//! one run each and at most `max_blocks` blocks: f(lba or extent_hole,
+//! blocks, skip, n) for the piece's `blocks` whole blocks from `lba`, of
+//! which bytes [skip, skip + n) are the file's bytes asked for.
+template <class F>
+void for_each_piece(const extent_map& map, std::uint64_t offset, std::uint64_t len, std::uint64_t max_blocks, F&& f) {
+  const extent_map_ref m = map.ref();
+  const std::uint64_t lbs = map.lba_size();
+  const std::uint64_t end = offset + len;
+  const std::uint64_t last_block = (end + lbs - 1) / lbs; // one past the last block needed
+  for (std::uint64_t pos = offset; pos < end;) {
+    const std::uint64_t block = pos / lbs;
+    const extent_map_ref::where w = m.find(block);
+    const std::uint64_t blocks = std::min({w.blocks, last_block - block, max_blocks});
+    const std::uint64_t skip = pos - block * lbs;
+    const std::uint64_t n = std::min(blocks * lbs - skip, end - pos);
+    f(w.lba, blocks, skip, n);
+    pos += n;
+  }
+}
+
 } // namespace detail
 
 //! Refuses (ENXIO) a namespace that is evidently not the disk the map was
@@ -142,7 +163,6 @@ inline void read_mapped(controller& ctrl, std::uint32_t nsid, const extent_map& 
                 c);
   }
   if (len == 0) return;
-  const extent_map_ref m = map.ref();
   const std::uint64_t lbs = map.lba_size();
   if (ctrl.ns(nsid).lba_size != lbs) check_same_namespace(ctrl, nsid, map); // throws with the reason
   // Bounce buffer: what the request needs, at most 1 MiB per command.
@@ -151,26 +171,16 @@ inline void read_mapped(controller& ctrl, std::uint32_t nsid, const extent_map& 
   const std::uint64_t bounce_bytes = std::max<std::uint64_t>(std::min(chunk, need), lbs);
   std::unique_ptr<dma_region> bounce = ctrl.transport_ref().alloc(bounce_bytes);
   auto* out = static_cast<unsigned char*>(dst);
-  std::uint64_t pos = offset;
-  const std::uint64_t end = offset + len;
-  while (pos < end) {
-    const std::uint64_t block = pos / lbs;
-    const extent_map_ref::where w = m.find(block);
-    // Whole blocks from `block`, within this run and the bounce buffer.
-    const std::uint64_t last_block = (end + lbs - 1) / lbs; // one past the last block needed
-    const std::uint64_t blocks =
-        std::min({w.blocks, last_block - block, bounce_bytes / lbs});
-    const std::uint64_t skip = pos - block * lbs;
-    const std::uint64_t n = std::min(blocks * lbs - skip, end - pos);
-    if (w.lba == extent_hole) {
-      std::memset(out, 0, n);
-    } else {
-      ctrl.read(nsid, w.lba, static_cast<std::uint32_t>(blocks), *bounce, 0, queue);
-      std::memcpy(out, bounce->as<unsigned char>() + skip, n);
-    }
-    out += n;
-    pos += n;
-  }
+  detail::for_each_piece(map, offset, len, bounce_bytes / lbs,
+                         [&](std::uint64_t lba, std::uint64_t blocks, std::uint64_t skip, std::uint64_t n) {
+                           if (lba == extent_hole) {
+                             std::memset(out, 0, n);
+                           } else {
+                             ctrl.read(nsid, lba, static_cast<std::uint32_t>(blocks), *bounce, 0, queue);
+                             std::memcpy(out, bounce->as<unsigned char>() + skip, n);
+                           }
+                           out += n;
+                         });
   map.check_unchanged();
 }
 
@@ -203,33 +213,21 @@ inline void write_mapped(controller& ctrl, std::uint32_t nsid, const extent_map&
   if (len == 0) return;
   check_same_namespace(ctrl, nsid, map);
   map.check_unchanged();
-  const extent_map_ref m = map.ref();
   const std::uint64_t lbs = map.lba_size();
   constexpr std::uint64_t chunk = 1ull << 20;
   const std::uint64_t bounce_bytes = std::max<std::uint64_t>(chunk, lbs);
   std::unique_ptr<dma_region> bounce = ctrl.transport_ref().alloc(bounce_bytes);
   const auto* in = static_cast<const unsigned char*>(src);
-  std::uint64_t pos = offset;
-  const std::uint64_t end = offset + len;
-  while (pos < end) {
-    const std::uint64_t block = pos / lbs;
-    const extent_map_ref::where w = m.find(block);
-    const std::uint64_t last_block = (end + lbs - 1) / lbs;
-    const std::uint64_t blocks = std::min({w.blocks, last_block - block, bounce_bytes / lbs});
-    const std::uint64_t skip = pos - block * lbs;
-    const std::uint64_t n = std::min(blocks * lbs - skip, end - pos);
-    const auto nb = static_cast<std::uint32_t>(blocks);
-    if (skip != 0 || n % lbs != 0) {
-      // Partial first or last block: keep the bytes around the new ones.
-      if (skip != 0) ctrl.read(nsid, w.lba, 1, *bounce, 0, queue);
-      if ((skip + n) % lbs != 0)
-        ctrl.read(nsid, w.lba + nb - 1, 1, *bounce, (nb - 1) * lbs, queue);
-    }
-    std::memcpy(bounce->as<unsigned char>() + skip, in, n);
-    ctrl.write(nsid, w.lba, nb, *bounce, 0, queue);
-    in += n;
-    pos += n;
-  }
+  detail::for_each_piece(map, offset, len, bounce_bytes / lbs,
+                         [&](std::uint64_t lba, std::uint64_t blocks, std::uint64_t skip, std::uint64_t n) {
+                           const auto nb = static_cast<std::uint32_t>(blocks);
+                           // Partial first or last block: keep the bytes around the new ones.
+                           if (skip != 0) ctrl.read(nsid, lba, 1, *bounce, 0, queue);
+                           if ((skip + n) % lbs != 0) ctrl.read(nsid, lba + nb - 1, 1, *bounce, (nb - 1) * lbs, queue);
+                           std::memcpy(bounce->as<unsigned char>() + skip, in, n);
+                           ctrl.write(nsid, lba, nb, *bounce, 0, queue);
+                           in += n;
+                         });
   ctrl.flush(nsid, queue);
   map.check_unchanged();
 }
