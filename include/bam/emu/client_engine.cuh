@@ -19,29 +19,72 @@
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <vector>
 
 namespace bam::emu {
 
 namespace detail {
 
-//! Copies on a non-blocking stream of its own.
+//! Copies on a non-blocking stream of its own. Queued copies are collected
+//! (neighbours on both sides merged into one) and handed to the driver as one
+//! batch when `wait()` is called: one API call per batch of commands instead
+//! of one per PRP entry, which is what limits a CPU thread's command rate.
 class cuda_copier final : public gpu_copier {
 public:
   cuda_copier() { BAM_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
   ~cuda_copier() override { BAM_CUDA_LOG(cudaStreamDestroy(stream_)); }
   bool to_gpu(std::uint64_t gpu, const void* src, std::size_t n) override {
-    return note(cudaMemcpyAsync(reinterpret_cast<void*>(gpu), src, n, cudaMemcpyDefault, stream_));
+    return queue(reinterpret_cast<void*>(gpu), src, n);
   }
   bool from_gpu(void* dst, std::uint64_t gpu, std::size_t n) override {
-    return note(cudaMemcpyAsync(dst, reinterpret_cast<const void*>(gpu), n, cudaMemcpyDefault, stream_));
+    return queue(dst, reinterpret_cast<const void*>(gpu), n);
   }
   bool wait() override {
-    const bool ok = note(cudaStreamSynchronize(stream_)) && ok_;
+    const bool ok = submit() && note(cudaStreamSynchronize(stream_)) && ok_;
     ok_ = true;
     return ok;
   }
 
 private:
+  bool queue(void* dst, const void* src, std::size_t n) {
+    if (n == 0) return true;
+    if (!dst_.empty()) {
+      auto* last_dst = static_cast<unsigned char*>(dst_.back()) + size_.back();
+      auto* last_src = static_cast<const unsigned char*>(src_.back()) + size_.back();
+      if (last_dst == dst && last_src == src) {
+        size_.back() += n;
+        return true;
+      }
+    }
+    dst_.push_back(dst);
+    src_.push_back(src);
+    size_.push_back(n);
+    return true;
+  }
+  //! Hand every queued copy to the stream; per copy where the driver has no
+  //! batch copies.
+  bool submit() {
+    bool ok = true;
+    if (dst_.size() > 1 && batch_ok_) {
+      cudaMemcpyAttributes attr{};
+      attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      std::size_t first = 0;
+      const cudaError_t e = cudaMemcpyBatchAsync(dst_.data(), src_.data(), size_.data(), dst_.size(), &attr, &first, 1, stream_);
+      if (e == cudaSuccess) return clear(true);
+      (void)cudaGetLastError();
+      if (e != cudaErrorNotSupported && e != cudaErrorInvalidValue) return clear(note(e));
+      batch_ok_ = false; // an older driver: copy one by one from now on
+    }
+    for (std::size_t i = 0; i < dst_.size(); ++i)
+      ok = note(cudaMemcpyAsync(dst_[i], src_[i], size_[i], cudaMemcpyDefault, stream_)) && ok;
+    return clear(ok);
+  }
+  bool clear(bool ok) {
+    dst_.clear();
+    src_.clear();
+    size_.clear();
+    return ok;
+  }
   bool note(cudaError_t e) {
     if (e != cudaSuccess) {
       ok_ = false;
@@ -51,6 +94,10 @@ private:
   }
   cudaStream_t stream_ = nullptr;
   bool ok_ = true;
+  bool batch_ok_ = true;
+  std::vector<void*> dst_;
+  std::vector<const void*> src_;
+  std::vector<std::size_t> size_;
 };
 
 //! Pinned, GPU-mapped host memory owned by an engine.
