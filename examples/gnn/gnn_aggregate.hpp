@@ -281,6 +281,60 @@ inline void reference_rows(const std::filesystem::path& dir, const manifest& m,
   }
 }
 
+//! A sampled slot with no neighbour (a node of degree zero, or fewer
+//! neighbours than the fanout).
+inline constexpr std::uint64_t no_node = ~std::uint64_t{0};
+
+//! One batch's mean aggregation, computed on the host the way the GPU does
+//! it: `nodes[l]` is hop l's sorted set of unique nodes (l = 0..hops),
+//! `sampled[l]` the fanouts[l] samples of each node of hop l (or no_node),
+//! `rows` the features of hop `hops`'s nodes (dim floats each). From the
+//! last hop inwards, a node's representation is (its own + the mean of its
+//! sampled neighbours') / 2. Returns hop 0's representations. Throws
+//! `bam::error` when a node or sample is missing from the next hop's set.
+inline std::vector<float>
+mean_aggregate_reference(const std::vector<std::vector<std::uint64_t>>& nodes,
+                         const std::vector<std::vector<std::uint64_t>>& sampled,
+                         const std::vector<std::uint32_t>& fanouts, std::vector<float> rows,
+                         std::uint32_t dim) {
+  const std::size_t hops = fanouts.size();
+  if (nodes.size() != hops + 1 || sampled.size() != hops)
+    detail::gnn_fail("mean_aggregate_reference: " + std::to_string(hops) + " hops need " +
+                     std::to_string(hops + 1) + " node sets and " + std::to_string(hops) +
+                     " sample sets");
+  std::vector<float> next = std::move(rows);
+  for (std::size_t l = hops; l-- > 0;) {
+    const auto& set = nodes[l + 1];
+    auto pos = [&](std::uint64_t v) {
+      const auto it = std::lower_bound(set.begin(), set.end(), v);
+      if (it == set.end() || *it != v)
+        detail::gnn_fail("hop " + std::to_string(l + 1) + "'s set lacks node " + std::to_string(v));
+      return static_cast<std::uint64_t>(it - set.begin());
+    };
+    const std::uint32_t f = fanouts[l];
+    std::vector<float> cur(nodes[l].size() * dim);
+    std::vector<std::uint64_t> p(f);
+    for (std::size_t i = 0; i < nodes[l].size(); ++i) {
+      const std::uint64_t self = pos(nodes[l][i]);
+      unsigned n = 0;
+      for (std::uint32_t k = 0; k < f; ++k) {
+        const std::uint64_t v = sampled[l][i * f + k];
+        p[k] = v == no_node ? no_node : pos(v);
+        n += v != no_node;
+      }
+      const float inv = n ? 1.0f / static_cast<float>(n) : 0.0f;
+      for (std::uint32_t c = 0; c < dim; ++c) {
+        float sum = 0;
+        for (std::uint32_t k = 0; k < f; ++k)
+          if (p[k] != no_node) sum += next[p[k] * dim + c];
+        cur[i * dim + c] = 0.5f * (next[self * dim + c] + sum * inv);
+      }
+    }
+    next = std::move(cur);
+  }
+  return next;
+}
+
 //! What `bam-gnn aggregate` is asked to do.
 struct aggregate_options {
   std::string dir;

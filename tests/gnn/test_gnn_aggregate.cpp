@@ -230,3 +230,25 @@ TEST_CASE("the table is striped onto controllers page by page, as bam::array rea
   CHECK(bad == 0);
   CHECK(media[0][start - 1] == 0xee); // nothing before the start
 }
+
+TEST_CASE("the host's mean aggregation: own and sampled neighbours, hop by hop",
+          "[gnn][aggregate]") {
+  using bam::gnn::mean_aggregate_reference;
+  using bam::gnn::no_node;
+  // One hop, one column: node 5 with samples 3 and 9.
+  CHECK(mean_aggregate_reference({{5}, {3, 5, 9}}, {{3, 9}}, {2}, {1.0f, 2.0f, 5.0f}, 1) ==
+        std::vector<float>{2.5f});
+  // An empty slot counts for nothing; no samples at all: half the node's own.
+  CHECK(mean_aggregate_reference({{5}, {3, 5, 9}}, {{3, no_node}}, {2}, {1.0f, 2.0f, 5.0f}, 1) ==
+        std::vector<float>{1.5f});
+  CHECK(mean_aggregate_reference({{5}, {3, 5, 9}}, {{no_node, no_node}}, {2}, {1.0f, 2.0f, 5.0f},
+                                 1) == std::vector<float>{1.0f});
+  // Two hops, two columns.
+  const std::vector<float> h = mean_aggregate_reference({{1}, {1, 2}, {1, 2, 3}}, {{2}, {2, 3}},
+                                                        {1, 1}, {10, -1, 20, -2, 30, -3}, 2);
+  CHECK(h == std::vector<float>{20.0f, -2.0f});
+  // A sample missing from the next hop's set.
+  CHECK_THROWS_WITH(
+      mean_aggregate_reference({{5}, {3, 5, 9}}, {{4, 9}}, {2}, {1.0f, 2.0f, 5.0f}, 1),
+      ContainsSubstring("lacks node 4"));
+}
