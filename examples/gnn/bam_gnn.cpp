@@ -12,9 +12,16 @@
 //       the CSR is one, every sampled row equals the generator or the file,
 //       and (--device) what the device holds
 //   bam-gnn info DIR                        sizes and the degree distribution
+//   bam-gnn aggregate DIR [--device DEV] [--fanouts 15,10,5] [--batch-size 1024] [--batches 100]
+//           [--cache-mib 1024] [--page-size 4096] [--seed 1] [--compare] [--json FILE]
+//       GraphSAGE mini-batches on the GPU: neighbour sampling over the CSR,
+//       the feature rows through bam's page cache, a mean aggregation per
+//       layer; --compare adds the same gathers by CPU threads, GPU zero-copy,
+//       mmap and from GPU memory (needs a CUDA build and a GPU)
 //
 // Every subcommand takes --json. Sizes take K, M, G suffixes (decimal for
 // counts: --nodes 50M is 50,000,000 nodes; binary for bytes: --offset 1G).
+#include "gnn_aggregate.hpp"
 #include "gnn_dataset.hpp"
 
 #include "../../tools/progress.hpp"
@@ -212,6 +219,29 @@ int main(int argc, char** argv) {
   auto* info = app.add_subcommand("info", "sizes, sources and the degree distribution");
   info->add_option("dir", dir, "dataset directory")->required();
 
+  bam::gnn::aggregate_options ao;
+  auto* aggregate = app.add_subcommand(
+      "aggregate", "GraphSAGE mini-batches on the GPU: sampling, feature rows through bam's page cache, mean "
+                   "aggregation; --compare adds baselines (needs a GPU)");
+  aggregate->add_option("dir", ao.dir, "dataset directory")->required();
+  aggregate->add_option("--device", ao.device,
+                        "device string the features are read from (default: the manifest's device, else "
+                        "emu-gpu:ram sized to the table); in-process media (emu-gpu:ram, emu-gpu:hbm, emu:ram) "
+                        "get the table loaded before timing");
+  aggregate->add_option("--cache-mib", ao.cache_mib, "page cache size in MiB (default 1024)");
+  aggregate->add_option("--page-size", ao.page_size, "page cache page size in bytes (default 4096)");
+  aggregate->add_option("--fanouts", ao.fanouts, "neighbours sampled per node, hop by hop (default 15,10,5)");
+  aggregate->add_option("--batch-size", ao.batch_size, "seed nodes per mini-batch (default 1024)");
+  aggregate->add_option("--batches", ao.batches, "mini-batches (default 100)");
+  aggregate->add_option("--seed", ao.seed, "sampling seed (default 1)");
+  aggregate->add_option("--verify-batches", ao.verify_batches,
+                        "batches whose gathered rows are checked against the generator or file (default 2)");
+  aggregate->add_option("--progress-every", ao.progress_every, "a progress line every N batches (0: none; default 10)");
+  aggregate->add_option("--json", ao.json_file, "also write the results to FILE as JSON");
+  aggregate->add_flag("--compare", ao.compare,
+                      "gather the same batches' rows by CPU threads, GPU zero-copy, mmap and from GPU memory");
+  aggregate->add_option("--host-threads", ao.host_threads, "CPU threads of the baselines (default: --threads, all cores)");
+
   CLI11_PARSE(app, argc, argv);
   std::signal(SIGINT, on_interrupt);
   std::signal(SIGTERM, on_interrupt);
@@ -297,6 +327,18 @@ int main(int argc, char** argv) {
         return 1;
       }
       return 0;
+    }
+    if (*aggregate) {
+      ao.json_stdout = co.json;
+      ao.quiet = co.quiet;
+      if (ao.host_threads == 0) ao.host_threads = co.threads;
+#if defined(BAM_GNN_WITH_CUDA)
+      return bam::gnn::run_aggregate(ao);
+#else
+      (void)bam::gnn::parse_fanouts(ao.fanouts);
+      throw bam::error("bam-gnn aggregate runs on a GPU: this bam-gnn was built without CUDA (configure with a CUDA "
+                       "toolkit, BAM_ENABLE_CUDA=ON)");
+#endif
     }
     if (*info) {
       const bam::gnn::manifest m = bam::gnn::read_manifest(d);

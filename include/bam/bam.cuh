@@ -17,4 +17,5 @@
 #include <bam/runtime/array.cuh>
 #include <bam/runtime/page_cache.cuh>
 #include <bam/runtime/queue_set.cuh>
+#include <bam/runtime/row_gather.cuh>
 #include <bam/runtime/storage.cuh>

@@ -1,0 +1,221 @@
+// SPDX-License-Identifier: MIT
+// bam::gather_rows and bam::gather_row over the page cache, on the software
+// controller's GPU engine: rows that straddle pages, repeated ids, every
+// element size, ids out of range. Every gathered element is compared on the
+// host with the bytes the media holds at that row's place, recomputed from
+// the pattern of test_util.cuh and the striping rule.
+#include "test_util.cuh"
+
+#include <bam/runtime/row_gather.cuh>
+
+#include <catch2/catch_template_test_macros.hpp>
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+using bam_test::layout;
+
+namespace {
+
+//! Byte `b` of the array (from its first element) as the media holds it.
+std::uint8_t array_byte(const layout& l, std::uint64_t b) {
+  layout words = l;
+  words.elem = 4;
+  const std::uint32_t w = words.word(b / 4, 0);
+  return static_cast<std::uint8_t>(w >> (8 * (b % 4)));
+}
+
+//! Element `i` of an array of T, by the layout.
+template <class T>
+T expected_element(const layout& l, std::uint64_t i) {
+  std::uint8_t bytes[sizeof(T)];
+  for (std::uint32_t k = 0; k < sizeof(T); ++k)
+    bytes[k] = array_byte(l, i * sizeof(T) + k);
+  T t;
+  std::memcpy(&t, bytes, sizeof(T));
+  return t;
+}
+
+//! Rows `ids` gathered into `got` (rows of `width`): the number of elements
+//! that differ from the layout; the first wrong (row, column) in `first`.
+template <class T>
+std::uint64_t wrong_elements(const layout& l, const std::vector<std::uint64_t>& ids,
+                             std::uint64_t width, const std::vector<T>& got, std::string& first) {
+  std::uint64_t bad = 0;
+  for (std::size_t r = 0; r < ids.size(); ++r)
+    for (std::uint64_t c = 0; c < width; ++c) {
+      const T want = expected_element<T>(l, ids[r] * width + c);
+      if (std::memcmp(&want, &got[r * width + c], sizeof(T)) != 0 && bad++ == 0)
+        first = "row " + std::to_string(r) + " (id " + std::to_string(ids[r]) + ") column " +
+                std::to_string(c);
+    }
+  return bad;
+}
+
+std::string hbm(std::uint64_t mib, std::uint32_t ssds) {
+  return "emu-gpu:hbm=" + std::to_string(mib) + "M,ssds=" + std::to_string(ssds) +
+         ",queues=32,depth=64";
+}
+
+//! Gathers `ids` through bam::gather_rows and returns what arrived.
+template <class T, class Id>
+std::vector<T> gather(bam::array<T>& a, const std::vector<Id>& ids, std::uint64_t width,
+                      cudaStream_t stream) {
+  bam::device_buffer<Id> d_ids(ids.size());
+  bam::copy_to_device(d_ids.get(), ids.data(), ids.size());
+  bam::device_buffer<T> out(ids.size() * width);
+  bam::gather_rows(a, d_ids.get(), ids.size(), width, out.get(), stream);
+  BAM_CUDA_TRY(cudaStreamSynchronize(stream));
+  std::vector<T> got(ids.size() * width);
+  bam::copy_to_host(got.data(), out.get(), got.size());
+  return got;
+}
+
+//! A user kernel: each warp gathers the rows `ids[warp]` with bam::gather_row
+//! and writes their element sum (as 64-bit integers) per row.
+template <class T>
+__global__ void row_sum_kernel(bam::array_ref<T> a, const std::uint64_t* ids, std::uint64_t count,
+                               std::uint64_t width, T* scratch, unsigned long long* sums) {
+  const std::uint64_t warp =
+      (blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x) / 32;
+  const std::uint64_t warps = static_cast<std::uint64_t>(gridDim.x) * blockDim.x / 32;
+  const unsigned lane = threadIdx.x % 32;
+  T* row = scratch + warp * width;
+  for (std::uint64_t r = warp; r < count; r += warps) {
+    bam::gather_row(a, ids[r], width, row);
+    __syncwarp();
+    unsigned long long s = 0;
+    for (std::uint64_t c = lane; c < width; c += 32)
+      s += static_cast<unsigned long long>(row[c]);
+    for (int o = 16; o > 0; o /= 2)
+      s += __shfl_down_sync(0xffffffffu, s, o);
+    if (lane == 0) sums[r] = s;
+    __syncwarp();
+  }
+}
+
+} // namespace
+
+TEMPLATE_TEST_CASE("gather_rows: rows straddling pages, repeated ids, every element size",
+                   "[gpu][row_gather]", std::uint8_t, std::uint16_t, std::uint32_t, std::uint64_t) {
+  using T = TestType;
+  // Widths: inside a page, not dividing it (rows straddle page boundaries),
+  // wider than several pages, one element, odd sizes (unaligned copies).
+  const std::uint64_t width = GENERATE(as<std::uint64_t>{}, 1, 37, 1000, 1024, 3000, 4099);
+  constexpr std::uint32_t page = 4096, ssds = 2;
+  constexpr std::uint64_t start_lba = 64;
+  bam::storage s(hbm(16, ssds));
+  bam_test::fill_pattern(s);
+  bam::page_cache cache(
+      {.page_size = page, .capacity = 1 << 20});        // far smaller than the rows read: eviction
+  const std::uint64_t n = (6ull << 20) / sizeof(T) + 5; // a partial last row and page
+  bam::array<T> a(cache, s, n, start_lba);
+  layout l{start_lba, page, s.lba_size(), ssds};
+  l.elem = sizeof(T);
+  const std::uint64_t rows = n / width;
+  REQUIRE(bam::row_count(a.ref(), width) == rows);
+  std::vector<std::uint64_t> ids;
+  for (std::uint64_t k = 0; k < 1500; ++k)
+    ids.push_back(bam_test::rnd(width * 7 + k) % rows);
+  ids.push_back(0);
+  ids.push_back(rows - 1); // the last whole row, next to the partial one
+  for (int k = 0; k < 40; ++k)
+    ids.push_back(ids[static_cast<std::size_t>(k) * 3]); // repeated ids
+  for (int k = 0; k < 8; ++k)
+    ids.push_back(rows / 2); // the same id, side by side
+  cudaStream_t stream;
+  BAM_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const std::vector<T> got = gather(a, ids, width, stream);
+  REQUIRE_NOTHROW(a.check(stream));
+  std::string first;
+  const std::uint64_t bad = wrong_elements(l, ids, width, got, first);
+  INFO("width " << width << ", element size " << sizeof(T) << ", first wrong: " << first);
+  CHECK(bad == 0);
+  // Signed ids work alike.
+  std::vector<std::int64_t> signed_ids(ids.begin(), ids.begin() + 100);
+  const std::vector<T> got_signed = gather(a, signed_ids, width, stream);
+  REQUIRE_NOTHROW(a.check(stream));
+  CHECK(std::memcmp(got_signed.data(), got.data(), got_signed.size() * sizeof(T)) == 0);
+  BAM_CUDA_TRY(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("gather_row from a user kernel: every row summed", "[gpu][row_gather]") {
+  constexpr std::uint32_t page = 4096;
+  bam::storage s(hbm(8, 1));
+  bam_test::fill_pattern(s);
+  bam::page_cache cache({.page_size = page, .capacity = 512 << 10});
+  const std::uint64_t width = 700; // 2800 bytes: most rows straddle a page boundary
+  const std::uint64_t n = (4ull << 20) / 4;
+  bam::array<std::uint32_t> a(cache, s, n);
+  const layout l{0, page, s.lba_size(), 1};
+  const std::uint64_t rows = n / width;
+  std::vector<std::uint64_t> ids(rows);
+  for (std::uint64_t r = 0; r < rows; ++r)
+    ids[r] = (r * 7919) % rows;
+  bam::device_buffer<std::uint64_t> d_ids(rows);
+  bam::copy_to_device(d_ids.get(), ids.data(), rows);
+  const unsigned blocks = 32, threads = 128;
+  bam::device_buffer<std::uint32_t> scratch(static_cast<std::size_t>(blocks) * threads / 32 *
+                                            width);
+  bam::device_buffer<unsigned long long> sums(rows);
+  row_sum_kernel<<<blocks, threads>>>(a.ref(), d_ids.get(), rows, width, scratch.get(), sums.get());
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(a.check());
+  std::vector<unsigned long long> got(rows);
+  bam::copy_to_host(got.data(), sums.get(), rows);
+  std::uint64_t bad = 0;
+  for (std::uint64_t r = 0; r < rows; ++r) {
+    unsigned long long want = 0;
+    for (std::uint64_t c = 0; c < width; ++c)
+      want += l.expected(ids[r] * width + c);
+    bad += got[r] != want;
+  }
+  CHECK(bad == 0);
+}
+
+TEST_CASE("gather_rows: an id out of range makes check() throw naming its index",
+          "[gpu][row_gather][sanitize]") {
+  bam::storage s("emu-gpu:hbm=4M,queues=4,depth=16");
+  bam_test::fill_pattern(s);
+  bam::page_cache cache({.page_size = 4096, .capacity = 64 << 10});
+  const std::uint64_t width = 100, n = 1050; // 10 whole rows and a partial one
+  bam::array<std::uint32_t> a(cache, s, n);
+  const layout l{0, 4096, s.lba_size(), 1};
+  const std::uint64_t bad_id = GENERATE(as<std::uint64_t>{}, 10, 11, 12345);
+  std::vector<std::uint64_t> ids{3, bad_id, 9};
+  const std::vector<std::uint32_t> got = gather(a, ids, width, nullptr);
+  try {
+    a.check();
+    FAIL("check() did not throw");
+  } catch (const bam::error& e) {
+    INFO(e.what());
+    REQUIRE(e.context().index.has_value());
+    CHECK(*e.context().index == bad_id * width);
+    CHECK(std::string(e.what()).find("index " + std::to_string(bad_id * width)) !=
+          std::string::npos);
+    REQUIRE(e.status().has_value());
+    CHECK(*e.status() == bam::nvme::status_out_of_range);
+  }
+  // The bad row is zeroes, the others arrived.
+  for (std::uint64_t c = 0; c < width; ++c) {
+    CHECK(got[width + c] == 0u);
+    CHECK(got[c] == l.expected(3 * width + c));
+    CHECK(got[2 * width + c] == l.expected(9 * width + c));
+  }
+  REQUIRE_NOTHROW(a.check()); // collected: the record is clear again
+  // Negative ids are out of range too.
+  std::vector<std::int64_t> negative{-1};
+  (void)gather(a, negative, width, nullptr);
+  CHECK_THROWS_AS(a.check(), bam::error);
+  // A row width the array cannot hold is refused before any launch.
+  CHECK_THROWS_AS(bam::gather_rows(a, static_cast<const std::uint64_t*>(nullptr), 1, 0,
+                                   static_cast<std::uint32_t*>(nullptr)),
+                  bam::error);
+  CHECK_THROWS_AS(bam::gather_rows(a, static_cast<const std::uint64_t*>(nullptr), 1, n + 1,
+                                   static_cast<std::uint32_t*>(nullptr)),
+                  bam::error);
+}
