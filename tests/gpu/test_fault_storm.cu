@@ -137,8 +137,9 @@ __device__ bool allowed(const round_plan& p, const std::uint32_t* shadow, std::u
   return v == p.version && written_now(p, i, n);
 }
 
-// Every lane of every warp runs the same number of accesses (converged warps:
-// the lanes on one page form the same groups here as in the runtime).
+// Every lane of every warp runs the same number of accesses, the warp
+// converged at each (__syncwarp): the lanes on one page form the same groups
+// here as in the runtime, which groups the lanes active at the call.
 __global__ void storm_round_kernel(bam::array_ref<elem> a, round_plan p, const std::uint32_t* shadow,
                                    std::uint32_t* next_shadow, elem* scratch, storm_counters* c) {
   constexpr unsigned full = 0xffffffffu;
@@ -151,7 +152,9 @@ __global__ void storm_round_kernel(bam::array_ref<elem> a, round_plan p, const s
   if (!reader_warp(p, warp)) {
     for (std::uint32_t k = 0; k < p.per_thread; ++k) {
       const std::uint64_t i = scatter(p.write_base + t * p.per_thread + k, n);
+      __syncwarp();
       a.write(i, value_of(i, p.version));
+      __syncwarp();
       const elem x = a[i];
       ++writes;
       ++reads;
@@ -183,6 +186,7 @@ __global__ void storm_round_kernel(bam::array_ref<elem> a, round_plan p, const s
   } else {
     for (std::uint32_t k = 0; k < p.per_thread; ++k) {
       const std::uint64_t i = bam_test::rnd(p.seed ^ (t * 0x9e3779b1ull + k)) & (n - 1);
+      __syncwarp();
       const elem x = a[i];
       ++reads;
       const unsigned peers = __match_any_sync(full, i >> p.elem_shift);
@@ -196,6 +200,7 @@ __global__ void storm_round_kernel(bam::array_ref<elem> a, round_plan p, const s
     if (bam_test::rnd(p.seed + warp) & 1) {
       const std::uint64_t begin = bam_test::rnd(p.seed ^ (warp << 20)) % (n - p.copy_len);
       elem* out = scratch + warp * p.copy_len;
+      __syncwarp();
       a.copy_to(begin, p.copy_len, out);
       __syncwarp();
       const std::uint64_t per_page = 1ull << p.elem_shift;
