@@ -393,7 +393,12 @@ struct storm_profile {
   std::uint64_t max_spike_ns = 0;       //!< latency added to every completion for a while (0: none)
   std::uint64_t max_pause_ns = 0;       //!< the controller stops answering for up to this long (0: never)
   bool drops = false;                   //!< commands fetched and never completed
-  std::chrono::milliseconds max_gap{8}; //!< between two changes
+  std::uint64_t max_slow_count = 40;    //!< a delay or drop rule acts at most this often
+  //! Shares (percent) of the changes: error rules, delay/drop rules, latency
+  //! spikes, pauses; the rest retires rules that have fired their count.
+  unsigned error_share = 45, slow_share = 30, spike_share = 10, pause_share = 7;
+  std::chrono::milliseconds pauses_after{0}; //!< no pause before this much of the storm
+  std::chrono::milliseconds max_gap{8};      //!< between two changes
 };
 
 class fault_storm {
@@ -450,13 +455,17 @@ private:
   std::uint64_t pick(std::uint64_t lo, std::uint64_t hi) { return lo + rng_() % (hi - lo + 1); }
 
   void run() {
+    const auto t0 = std::chrono::steady_clock::now();
     while (!stop_) {
       const auto action = pick(0, 99);
-      if (action < 45) add_rule(false);
-      else if (action < 75) add_rule(true);
-      else if (action < 85) spike();
-      else if (action < 92) pause();
-      else retire_exhausted();
+      const unsigned slow = p_.error_share + p_.slow_share, spikes = slow + p_.spike_share,
+                     pauses = spikes + p_.pause_share;
+      if (action < p_.error_share) add_rule(false);
+      else if (action < slow) add_rule(true);
+      else if (action < spikes) spike();
+      else if (action < pauses) {
+        if (std::chrono::steady_clock::now() - t0 >= p_.pauses_after) pause();
+      } else retire_exhausted();
       std::this_thread::sleep_for(std::chrono::microseconds(pick(500, 1000 * p_.max_gap.count())));
     }
   }
@@ -492,11 +501,12 @@ private:
                                                                         : fault_kind::flush_error;
     } else if (p_.drops && pick(0, 3) == 0) {
       r.action = bam::emu::fault_action::drop;
-      r.count = pick(1, 2);
+      r.count = pick(1, p_.max_slow_count);
       kind = fault_kind::drop;
     } else {
       r.action = bam::emu::fault_action::delay;
       r.latency_ns = pick(50'000, p_.max_delay_ns);
+      if (r.count == 0 || r.count > p_.max_slow_count) r.count = pick(1, p_.max_slow_count);
       kind = fault_kind::delay;
     }
     live_.push_back({c, ctrls_[c]->faults().add(r), kind, r.count});
@@ -913,6 +923,14 @@ TEST_CASE("fault storm past the deadline: dropped commands, late completions, a 
   k.profile.max_spike_ns = 5'000'000;
   k.profile.max_pause_ns = 700'000'000ull; // some pauses outlast it
   k.profile.drops = true;
+  k.profile.max_slow_count = 2;
+  // Each late or dropped command breaks its queue for good (its command id
+  // may still complete): few of them, and the controller stops answering
+  // only in the last part, so that much of the storm still gets through.
+  k.profile.error_share = 60;
+  k.profile.slow_share = 10;
+  k.profile.pause_share = 2;
+  k.profile.pauses_after = std::chrono::milliseconds(5000);
   k.profile.max_gap = std::chrono::milliseconds(40);
   // The runtime's teardown reports the pages it could not write back
   // (their queues broke): expected here, counted instead of printed.
