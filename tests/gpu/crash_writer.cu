@@ -23,8 +23,8 @@
 namespace {
 
 __global__ void write_flushed(bam::array_ref<std::uint32_t> a) {
-  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < a.size();
-       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
+  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
+       i < a.size(); i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
     a.write(i, bam_crash::flushed_value(i));
 }
 

@@ -43,7 +43,8 @@ using elem = std::uint64_t;
 // ---- values, versions and the shadow ----------------------------------------
 
 __host__ __device__ std::uint32_t elem_hash(std::uint64_t i, std::uint32_t version) {
-  return static_cast<std::uint32_t>(bam_test::rnd(i * 0x100000001b3ull ^ (std::uint64_t{version} << 40)));
+  return static_cast<std::uint32_t>(
+      bam_test::rnd(i * 0x100000001b3ull ^ (std::uint64_t{version} << 40)));
 }
 //! What element i holds after the write of round `version` (never 0: versions start at 1).
 __host__ __device__ elem value_of(std::uint64_t i, std::uint32_t version) {
@@ -57,7 +58,9 @@ __host__ __device__ bool is_value_of(elem x, std::uint64_t i) {
 }
 
 //! Per element: versions [lo, hi] it may hold, packed as lo | hi << 16.
-__host__ __device__ std::uint32_t shadow_of(std::uint32_t lo, std::uint32_t hi) { return lo | (hi << 16); }
+__host__ __device__ std::uint32_t shadow_of(std::uint32_t lo, std::uint32_t hi) {
+  return lo | (hi << 16);
+}
 __host__ __device__ std::uint32_t shadow_lo(std::uint32_t s) { return s & 0xffffu; }
 __host__ __device__ std::uint32_t shadow_hi(std::uint32_t s) { return s >> 16; }
 constexpr std::uint32_t max_rounds = 0xfff0; // versions fit the shadow's 16 bits
@@ -67,12 +70,15 @@ constexpr std::uint64_t scatter_mul = 0x9e3779b97f4a7c15ull; // odd
 constexpr std::uint64_t scatter_add = 0x5bd1e995ull;
 constexpr std::uint64_t inverse_mod_2_64(std::uint64_t a) {
   std::uint64_t x = a; // Newton's iteration doubles the correct low bits each step
-  for (int k = 0; k < 6; ++k) x *= 2 - a * x;
+  for (int k = 0; k < 6; ++k)
+    x *= 2 - a * x;
   return x;
 }
 constexpr std::uint64_t scatter_inv = inverse_mod_2_64(scatter_mul);
 static_assert(scatter_mul * scatter_inv == 1);
-__host__ __device__ std::uint64_t scatter(std::uint64_t j, std::uint64_t n) { return (j * scatter_mul + scatter_add) & (n - 1); }
+__host__ __device__ std::uint64_t scatter(std::uint64_t j, std::uint64_t n) {
+  return (j * scatter_mul + scatter_add) & (n - 1);
+}
 __host__ __device__ std::uint64_t unscatter(std::uint64_t i, std::uint64_t n) {
   return ((i - scatter_add) * scatter_inv) & (n - 1);
 }
@@ -95,21 +101,24 @@ struct round_plan {
 };
 
 struct storm_counters {
-  unsigned long long reads;          //!< element reads (read-backs included)
-  unsigned long long writes;         //!< element writes
-  unsigned long long copied_pages;   //!< pages of range copies
-  unsigned long long read_failures;  //!< element reads that failed, one per group of lanes on a page
-  unsigned long long copy_failures;  //!< pages of range copies that failed
-  unsigned long long lost_writes;    //!< groups whose write failed (the read-back shows the earlier value)
-  unsigned long long unknown_writes; //!< groups whose read-back failed (the write may have failed too)
-  unsigned long long bad;            //!< values no write produced, or older than allowed
+  unsigned long long reads;         //!< element reads (read-backs included)
+  unsigned long long writes;        //!< element writes
+  unsigned long long copied_pages;  //!< pages of range copies
+  unsigned long long read_failures; //!< element reads that failed, one per group of lanes on a page
+  unsigned long long copy_failures; //!< pages of range copies that failed
+  unsigned long long
+      lost_writes; //!< groups whose write failed (the read-back shows the earlier value)
+  unsigned long long
+      unknown_writes;     //!< groups whose read-back failed (the write may have failed too)
+  unsigned long long bad; //!< values no write produced, or older than allowed
   unsigned long long first_bad_index;
   unsigned long long first_bad_value;
   unsigned long long first_bad_shadow;
 };
 
 __device__ bool reader_warp(const round_plan& p, std::uint64_t warp) {
-  return p.version == 0 || bam_test::rnd(p.seed ^ (warp * 0x2545f4914f6cdd1dull)) % p.reader_one_in == 0;
+  return p.version == 0 ||
+         bam_test::rnd(p.seed ^ (warp * 0x2545f4914f6cdd1dull)) % p.reader_one_in == 0;
 }
 
 //! Element i is written in this round (by a writer warp).
@@ -120,16 +129,18 @@ __device__ bool written_now(const round_plan& p, std::uint64_t i, std::uint64_t 
   return !reader_warp(p, d / p.per_thread / 32);
 }
 
-__device__ void note_bad(storm_counters* c, unsigned long long& bad, std::uint64_t i, elem x, std::uint32_t s) {
-  if (bad++ == 0 && atomicCAS(&c->first_bad_index, ~0ull, static_cast<unsigned long long>(i)) == ~0ull) {
+__device__ void note_bad(storm_counters* c, unsigned long long& bad, std::uint64_t i, elem x,
+                         std::uint32_t s) {
+  if (bad++ == 0 &&
+      atomicCAS(&c->first_bad_index, ~0ull, static_cast<unsigned long long>(i)) == ~0ull) {
     c->first_bad_value = x;
     c->first_bad_shadow = s;
   }
 }
 
 //! A value read from element i is one it may hold now.
-__device__ bool allowed(const round_plan& p, const std::uint32_t* shadow, std::uint64_t i, elem x, std::uint64_t n,
-                        std::uint32_t& s) {
+__device__ bool allowed(const round_plan& p, const std::uint32_t* shadow, std::uint64_t i, elem x,
+                        std::uint64_t n, std::uint32_t& s) {
   s = shadow[i];
   if (!is_value_of(x, i)) return false;
   const std::uint32_t v = version_of(x);
@@ -140,15 +151,16 @@ __device__ bool allowed(const round_plan& p, const std::uint32_t* shadow, std::u
 // Every lane of every warp runs the same number of accesses, the warp
 // converged at each (__syncwarp): the lanes on one page form the same groups
 // here as in the runtime, which groups the lanes active at the call.
-__global__ void storm_round_kernel(bam::array_ref<elem> a, round_plan p, const std::uint32_t* shadow,
-                                   std::uint32_t* next_shadow, elem* scratch, storm_counters* c) {
+__global__ void storm_round_kernel(bam::array_ref<elem> a, round_plan p,
+                                   const std::uint32_t* shadow, std::uint32_t* next_shadow,
+                                   elem* scratch, storm_counters* c) {
   constexpr unsigned full = 0xffffffffu;
   const std::uint64_t t = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
   const std::uint64_t warp = t / 32;
   const unsigned lane = threadIdx.x % 32;
   const std::uint64_t n = a.size();
-  unsigned long long reads = 0, writes = 0, pages = 0, read_failures = 0, copy_failures = 0, lost = 0, unknown = 0,
-                     bad = 0;
+  unsigned long long reads = 0, writes = 0, pages = 0, read_failures = 0, copy_failures = 0,
+                     lost = 0, unknown = 0, bad = 0;
   if (!reader_warp(p, warp)) {
     for (std::uint32_t k = 0; k < p.per_thread; ++k) {
       const std::uint64_t i = scatter(p.write_base + t * p.per_thread + k, n);
@@ -167,7 +179,8 @@ __global__ void storm_round_kernel(bam::array_ref<elem> a, round_plan p, const s
         next_shadow[i] = shadow_of(shadow_lo(s), p.version);
       } else if (is_value_of(x, i) && version_of(x) == p.version) {
         next_shadow[i] = shadow_of(p.version, p.version);
-      } else if (is_value_of(x, i) && version_of(x) >= shadow_lo(s) && version_of(x) <= shadow_hi(s)) {
+      } else if (is_value_of(x, i) && version_of(x) >= shadow_lo(s) &&
+                 version_of(x) <= shadow_hi(s)) {
         lost_here = true; // the write failed; the element kept an earlier value
         next_shadow[i] = shadow_of(version_of(x), version_of(x));
       } else {
@@ -175,7 +188,8 @@ __global__ void storm_round_kernel(bam::array_ref<elem> a, round_plan p, const s
       }
       // A group shares one cache reference: its lanes fail or succeed together.
       const bool failed_here = x == 0;
-      if (__shfl_sync(full, failed_here, leader) != failed_here || __shfl_sync(full, lost_here, leader) != lost_here)
+      if (__shfl_sync(full, failed_here, leader) != failed_here ||
+          __shfl_sync(full, lost_here, leader) != lost_here)
         note_bad(c, bad, i, x, s);
       if (lane == leader) {
         read_failures += failed_here;
@@ -204,15 +218,19 @@ __global__ void storm_round_kernel(bam::array_ref<elem> a, round_plan p, const s
       a.copy_to(begin, p.copy_len, out);
       __syncwarp();
       const std::uint64_t per_page = 1ull << p.elem_shift;
-      for (std::uint64_t pg = begin >> p.elem_shift; pg <= (begin + p.copy_len - 1) >> p.elem_shift; ++pg) {
+      for (std::uint64_t pg = begin >> p.elem_shift; pg <= (begin + p.copy_len - 1) >> p.elem_shift;
+           ++pg) {
         const std::uint64_t lo = pg * per_page > begin ? pg * per_page : begin;
-        const std::uint64_t hi = (pg + 1) * per_page < begin + p.copy_len ? (pg + 1) * per_page : begin + p.copy_len;
+        const std::uint64_t hi =
+            (pg + 1) * per_page < begin + p.copy_len ? (pg + 1) * per_page : begin + p.copy_len;
         unsigned zeros = 0;
         for (std::uint64_t i = lo + lane; i < hi; i += 32) {
           const elem x = out[i - begin];
           std::uint32_t s = 0;
-          if (x == 0) ++zeros;
-          else if (!allowed(p, shadow, i, x, n, s)) note_bad(c, bad, i, x, s);
+          if (x == 0)
+            ++zeros;
+          else if (!allowed(p, shadow, i, x, n, s))
+            note_bad(c, bad, i, x, s);
         }
         zeros = __reduce_add_sync(full, zeros);
         // A page is copied whole or not at all.
@@ -236,16 +254,16 @@ __global__ void storm_round_kernel(bam::array_ref<elem> a, round_plan p, const s
 }
 
 __global__ void write_all_kernel(bam::array_ref<elem> a, std::uint32_t version) {
-  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < a.size();
-       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
+  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
+       i < a.size(); i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
     a.write(i, value_of(i, version));
 }
 
 //! Every element through the cache equals `want[i]`.
 __global__ void compare_all_kernel(bam::array_ref<elem> a, const elem* want, storm_counters* c) {
   unsigned long long bad = 0, reads = 0;
-  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < a.size();
-       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
+  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
+       i < a.size(); i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
     const elem x = a[i];
     ++reads;
     if (x != want[i]) note_bad(c, bad, i, x, 0);
@@ -280,7 +298,8 @@ void require_finishes(cudaStream_t stream, double seconds, const std::string& wh
     if (e == cudaSuccess) return;
     if (e != cudaErrorNotReady) BAM_CUDA_TRY(e);
     if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > seconds) {
-      std::fprintf(stderr, "FAILED: %s did not finish within %.0f s: the GPU runtime hangs\n", what.c_str(), seconds);
+      std::fprintf(stderr, "FAILED: %s did not finish within %.0f s: the GPU runtime hangs\n",
+                   what.c_str(), seconds);
       std::fflush(stderr);
       std::abort();
     }
@@ -383,17 +402,18 @@ bool injected(bam::nvme::status st) {
   return false;
 }
 bool deadline_status(bam::nvme::status st) {
-  return st == bam::nvme::status_timeout || st == bam::nvme::status_queue_broken || st == bam::nvme::status_queue_full;
+  return st == bam::nvme::status_timeout || st == bam::nvme::status_queue_broken ||
+         st == bam::nvme::status_queue_full;
 }
 
 //! What the storm may do.
 struct storm_profile {
-  std::uint64_t timeout_ns = 0;         //!< the deadline of the storage and the cache
-  std::uint64_t max_delay_ns = 0;       //!< delayed completions: up to this late
-  std::uint64_t max_spike_ns = 0;       //!< latency added to every completion for a while (0: none)
-  std::uint64_t max_pause_ns = 0;       //!< the controller stops answering for up to this long (0: never)
-  bool drops = false;                   //!< commands fetched and never completed
-  std::uint64_t max_slow_count = 40;    //!< a delay or drop rule acts at most this often
+  std::uint64_t timeout_ns = 0;   //!< the deadline of the storage and the cache
+  std::uint64_t max_delay_ns = 0; //!< delayed completions: up to this late
+  std::uint64_t max_spike_ns = 0; //!< latency added to every completion for a while (0: none)
+  std::uint64_t max_pause_ns = 0; //!< the controller stops answering for up to this long (0: never)
+  bool drops = false;             //!< commands fetched and never completed
+  std::uint64_t max_slow_count = 40; //!< a delay or drop rule acts at most this often
   //! Shares (percent) of the changes: error rules, delay/drop rules, latency
   //! spikes, pauses; the rest retires rules that have fired their count.
   unsigned error_share = 45, slow_share = 30, spike_share = 10, pause_share = 7;
@@ -405,11 +425,14 @@ class fault_storm {
 public:
   fault_storm(const bam::storage& s, storm_profile p, std::uint64_t seed, std::uint64_t lba_span)
       : s_(s), p_(p), rng_(seed), lba_span_(lba_span) {
-    for (const auto& c : s_.emu_controllers()) ctrls_.push_back(c.get());
+    for (const auto& c : s_.emu_controllers())
+      ctrls_.push_back(c.get());
   }
   ~fault_storm() { stop(); }
 
-  void start() { th_ = std::thread([this] { run(); }); }
+  void start() {
+    th_ = std::thread([this] { run(); });
+  }
   //! Stop changing rules; remove every rule, pause and spike (counts kept).
   void stop() {
     stop_ = true;
@@ -439,8 +462,8 @@ public:
     std::string out = std::to_string(rules_added_) + " rules; fired:";
     for (int k = 0; k < static_cast<int>(fault_kind::kinds); ++k)
       out += std::string(k ? "," : "") + " " + kind_names[k] + " " + std::to_string(fired_[k]);
-    out += "; " + std::to_string(spikes_) + " latency spikes, " + std::to_string(pauses_) + " pauses (" +
-           std::to_string(paused_ns_ / 1'000'000) + " ms)";
+    out += "; " + std::to_string(spikes_) + " latency spikes, " + std::to_string(pauses_) +
+           " pauses (" + std::to_string(paused_ns_ / 1'000'000) + " ms)";
     return out;
   }
 
@@ -460,12 +483,16 @@ private:
       const auto action = pick(0, 99);
       const unsigned slow = p_.error_share + p_.slow_share, spikes = slow + p_.spike_share,
                      pauses = spikes + p_.pause_share;
-      if (action < p_.error_share) add_rule(false);
-      else if (action < slow) add_rule(true);
-      else if (action < spikes) spike();
+      if (action < p_.error_share)
+        add_rule(false);
+      else if (action < slow)
+        add_rule(true);
+      else if (action < spikes)
+        spike();
       else if (action < pauses) {
         if (std::chrono::steady_clock::now() - t0 >= p_.pauses_after) pause();
-      } else retire_exhausted();
+      } else
+        retire_exhausted();
       std::this_thread::sleep_for(std::chrono::microseconds(pick(500, 1000 * p_.max_gap.count())));
     }
   }
@@ -474,15 +501,19 @@ private:
     std::lock_guard lock(m_);
     const auto c = static_cast<std::uint32_t>(pick(0, ctrls_.size() - 1));
     std::size_t on_ctrl = 0;
-    for (const auto& r : live_) on_ctrl += r.ctrl == c;
+    for (const auto& r : live_)
+      on_ctrl += r.ctrl == c;
     if (on_ctrl >= bam::emu::max_fault_rules - 4) return;
     bam::emu::fault_rule r;
     fault_kind kind;
     const auto op = pick(0, 9);
     using bam::nvme::nvm_opcode;
-    if (op < 5) r.opcode = static_cast<std::uint8_t>(nvm_opcode::read);
-    else if (op < 9) r.opcode = static_cast<std::uint8_t>(nvm_opcode::write);
-    else r.opcode = static_cast<std::uint8_t>(nvm_opcode::flush);
+    if (op < 5)
+      r.opcode = static_cast<std::uint8_t>(nvm_opcode::read);
+    else if (op < 9)
+      r.opcode = static_cast<std::uint8_t>(nvm_opcode::write);
+    else
+      r.opcode = static_cast<std::uint8_t>(nvm_opcode::flush);
     if (pick(0, 1)) r.qid = static_cast<std::uint16_t>(pick(1, s_.spec().io_queues));
     if (r.opcode != static_cast<std::uint8_t>(nvm_opcode::flush) && pick(0, 2) != 0) {
       // Commands that carry no LBA never match a narrowed range.
@@ -567,16 +598,17 @@ private:
 // ---- one storm ----------------------------------------------------------------
 
 struct storm_config {
-  std::string device;            //!< device string (ssds, queues, depth, timeout)
+  std::string device; //!< device string (ssds, queues, depth, timeout)
   std::size_t page = 4096;
   std::size_t cache_bytes = 8 << 20;
-  std::uint64_t n = 4ull << 20;  //!< elements (a power of two)
+  std::uint64_t n = 4ull << 20; //!< elements (a power of two)
   unsigned blocks = 1024, threads_per_block = 128;
   std::uint32_t per_thread = 4;
   std::uint32_t copy_len = 1200;
   double seconds = 20;
   storm_profile profile;
-  bool past_deadline = false; //!< faults outlast the deadline: queues break, recovery is not promised
+  bool past_deadline =
+      false; //!< faults outlast the deadline: queues break, recovery is not promised
 };
 
 double seconds_from_env(double fallback) {
@@ -588,8 +620,8 @@ double seconds_from_env(double fallback) {
 std::uint64_t seed_from_env() {
   const char* e = std::getenv("BAM_STORM_SEED");
   if (e != nullptr && *e != 0) return std::strtoull(e, nullptr, 0);
-  return std::random_device{}() * 0x100000001ull ^ static_cast<std::uint64_t>(
-                                                      std::chrono::steady_clock::now().time_since_epoch().count());
+  return std::random_device{}() * 0x100000001ull ^
+         static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
 }
 
 class stream_owner {
@@ -619,18 +651,21 @@ void run_storm(const storm_config& k) {
   REQUIRE((k.n & (k.n - 1)) == 0);
   const std::uint64_t per_page = k.page / sizeof(elem);
   std::uint32_t elem_shift = 0;
-  while ((1ull << elem_shift) < per_page) ++elem_shift;
+  while ((1ull << elem_shift) < per_page)
+    ++elem_shift;
   const std::uint64_t threads = std::uint64_t{k.blocks} * k.threads_per_block;
   // The kernel's write set is a part of the array; rounds move it along.
   REQUIRE(threads * k.per_thread <= k.n);
 
   // Version 1 everywhere, through the media.
   std::vector<elem> initial(k.n);
-  for (std::uint64_t i = 0; i < k.n; ++i) initial[i] = value_of(i, 1);
+  for (std::uint64_t i = 0; i < k.n; ++i)
+    initial[i] = value_of(i, 1);
   write_array_to_media(s, initial, k.page);
 
   stream_owner stream;
-  bam::page_cache cache({.page_size = k.page, .capacity = k.cache_bytes, .timeout_ns = k.profile.timeout_ns});
+  bam::page_cache cache(
+      {.page_size = k.page, .capacity = k.cache_bytes, .timeout_ns = k.profile.timeout_ns});
   bam::array<elem> a(cache, s, k.n, 0, stream);
   REQUIRE(k.cache_bytes < k.n * sizeof(elem)); // evictions and write-backs all along
   bam::device_buffer<std::uint32_t> shadow(k.n), next_shadow(k.n);
@@ -645,8 +680,8 @@ void run_storm(const storm_config& k) {
   // A kernel may wait for a deadline several times over (a miss, then a
   // write-back, then its turn); past that it hangs.
   const double kernel_bound_s = 60 + 20 * static_cast<double>(k.profile.timeout_ns) * 1e-9;
-  const std::uint64_t lba_span = (k.n / per_page + s.controller_count() - 1) / s.controller_count() *
-                                 (k.page / s.lba_size());
+  const std::uint64_t lba_span =
+      (k.n / per_page + s.controller_count() - 1) / s.controller_count() * (k.page / s.lba_size());
   fault_storm storm(s, k.profile, seed, lba_span);
 
   storm_counters total{};
@@ -658,7 +693,9 @@ void run_storm(const storm_config& k) {
   std::uint32_t version = 1;
   std::mt19937_64 rng(seed ^ 0x5eed);
   const auto t0 = std::chrono::steady_clock::now();
-  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
 
   storm.start();
   while ((elapsed() < k.seconds || rounds < 2) && version < max_rounds) {
@@ -673,14 +710,17 @@ void run_storm(const storm_config& k) {
     if (writing) p.version = ++version;
     dc.reset();
     run_bounded(stream, kernel_bound_s, "storm round " + std::to_string(rounds), [&] {
-      storm_round_kernel<<<k.blocks, k.threads_per_block, 0, stream>>>(a.ref(), p, shadow.get(), next_shadow.get(),
-                                                                       scratch.get(), dc.buf.get());
+      storm_round_kernel<<<k.blocks, k.threads_per_block, 0, stream>>>(
+          a.ref(), p, shadow.get(), next_shadow.get(), scratch.get(), dc.buf.get());
     });
     const storm_counters c = dc.get();
-    INFO("round " << rounds << (writing ? " (writing version " + std::to_string(p.version) + ")" : " (reading)"));
+    INFO("round " << rounds
+                  << (writing ? " (writing version " + std::to_string(p.version) + ")"
+                              : " (reading)"));
     INFO("first bad index " << c.first_bad_index << ": value " << c.first_bad_value << " (version "
-                            << (c.first_bad_value >> 32) << "), allowed versions " << shadow_lo(c.first_bad_shadow)
-                            << ".." << shadow_hi(c.first_bad_shadow));
+                            << (c.first_bad_value >> 32) << "), allowed versions "
+                            << shadow_lo(c.first_bad_shadow) << ".."
+                            << shadow_hi(c.first_bad_shadow));
     REQUIRE(c.bad == 0);
     CHECK(c.reads == threads * k.per_thread);
     if (writing) {
@@ -694,9 +734,9 @@ void run_storm(const storm_config& k) {
     // What the kernel saw against what check() reports.
     const unsigned long long seen = c.read_failures + c.copy_failures + c.lost_writes;
     const unsigned long long reported = drain_check(a, stream, rep);
-    INFO("failures seen by the kernel: " << c.read_failures << " reads, " << c.copy_failures << " copied pages, "
-                                          << c.lost_writes << " writes; read-backs that failed "
-                                          << c.unknown_writes << "; reported " << reported);
+    INFO("failures seen by the kernel: "
+         << c.read_failures << " reads, " << c.copy_failures << " copied pages, " << c.lost_writes
+         << " writes; read-backs that failed " << c.unknown_writes << "; reported " << reported);
     // Each failure the kernel saw is one record (one per group of lanes on a
     // page); a write whose read-back failed as well may be one more. In a
     // round that only reads, the two are equal.
@@ -727,17 +767,21 @@ void run_storm(const storm_config& k) {
         ++failed_flushes;
         flush_threw = true;
         if (e.status()) rep.statuses.push_back(*e.status());
-        if (w.find("write-back failed") != std::string::npos) rep.writeback += n;
-        else if (w.find("NVMe Flush failed") != std::string::npos) rep.flush += n;
-        else FAIL("flush() threw something else: " << w);
+        if (w.find("write-back failed") != std::string::npos)
+          rep.writeback += n;
+        else if (w.find("NVMe Flush failed") != std::string::npos)
+          rep.flush += n;
+        else
+          FAIL("flush() threw something else: " << w);
       }
-      CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - f0).count() < kernel_bound_s);
+      CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - f0).count() <
+            kernel_bound_s);
     }
 
     // No command is in flight now: the rules' counts are exact.
     storm.harvest();
     INFO("write-backs reported failed " << rep.writeback << ", write errors injected "
-                                         << storm.fired(fault_kind::write_error));
+                                        << storm.fired(fault_kind::write_error));
     if (!k.past_deadline) {
       // Write commands come from write-backs only, and each failed one is
       // reported (by check() or flush()) exactly once.
@@ -764,9 +808,12 @@ void run_storm(const storm_config& k) {
   // whose every page failed to be written back (Write Fault), and past the
   // deadline the runtime's own timeouts.
   for (const auto st : rep.statuses) {
-    INFO("reported status " << bam::nvme::status_name(st) << " (0x" << std::hex << st.code() << ")");
-    if (k.past_deadline) CHECK((injected(st) || deadline_status(st)));
-    else CHECK(injected(st));
+    INFO("reported status " << bam::nvme::status_name(st) << " (0x" << std::hex << st.code()
+                            << ")");
+    if (k.past_deadline)
+      CHECK((injected(st) || deadline_status(st)));
+    else
+      CHECK(injected(st));
   }
   if (!k.past_deadline) {
     CHECK(rep.access >= seen_failures);
@@ -774,15 +821,20 @@ void run_storm(const storm_config& k) {
   }
 
   std::printf("fault storm over %s (seed %llu):\n"
-              "  %llu rounds (%llu writing) in %.1f s; %llu element reads, %llu element writes, %llu pages copied\n"
-              "  failures seen by kernels: %llu reads, %llu copied pages, %llu writes (+%llu read-backs failed);\n"
-              "  reported by check(): %llu access failures, %llu failed write-backs; flush(): %llu of %llu threw "
+              "  %llu rounds (%llu writing) in %.1f s; %llu element reads, %llu element writes, "
+              "%llu pages copied\n"
+              "  failures seen by kernels: %llu reads, %llu copied pages, %llu writes (+%llu "
+              "read-backs failed);\n"
+              "  reported by check(): %llu access failures, %llu failed write-backs; flush(): %llu "
+              "of %llu threw "
               "(%llu NVMe Flush failures)\n"
               "  storm: %s\n",
-              k.device.c_str(), static_cast<unsigned long long>(seed), static_cast<unsigned long long>(rounds),
-              static_cast<unsigned long long>(write_rounds), storm_s, total.reads, total.writes, total.copied_pages,
-              total.read_failures, total.copy_failures, total.lost_writes, total.unknown_writes, rep.access,
-              rep.writeback, static_cast<unsigned long long>(failed_flushes),
+              k.device.c_str(), static_cast<unsigned long long>(seed),
+              static_cast<unsigned long long>(rounds),
+              static_cast<unsigned long long>(write_rounds), storm_s, total.reads, total.writes,
+              total.copied_pages, total.read_failures, total.copy_failures, total.lost_writes,
+              total.unknown_writes, rep.access, rep.writeback,
+              static_cast<unsigned long long>(failed_flushes),
               static_cast<unsigned long long>(flushes), rep.flush, storm.summary().c_str());
   std::fflush(stdout);
 
@@ -798,7 +850,8 @@ void run_storm(const storm_config& k) {
       INFO(e.what());
       CHECK(recorded_count(e.what()) > 0);
     }
-    CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - f0).count() < kernel_bound_s);
+    CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - f0).count() <
+          kernel_bound_s);
     const std::vector<elem> media = read_array_from_media(s, k.n, k.page);
     std::uint64_t bad = 0;
     for (std::uint64_t i = 0; i < k.n; ++i)
@@ -812,8 +865,8 @@ void run_storm(const storm_config& k) {
     p.seed = rng();
     p.copy_len = k.copy_len;
     run_bounded(stream, kernel_bound_s, "read round after the storm", [&] {
-      storm_round_kernel<<<k.blocks, k.threads_per_block, 0, stream>>>(a.ref(), p, shadow.get(), next_shadow.get(),
-                                                                       scratch.get(), dc.buf.get());
+      storm_round_kernel<<<k.blocks, k.threads_per_block, 0, stream>>>(
+          a.ref(), p, shadow.get(), next_shadow.get(), scratch.get(), dc.buf.get());
     });
     const storm_counters c = dc.get();
     CHECK(c.bad == 0);
@@ -842,7 +895,8 @@ void run_storm(const storm_config& k) {
   bam::copy_to_device(want.get(), media.data(), k.n);
   dc.reset();
   run_bounded(stream, kernel_bound_s, "read-back of every element after the storm", [&] {
-    compare_all_kernel<<<k.blocks, k.threads_per_block, 0, stream>>>(a.ref(), want.get(), dc.buf.get());
+    compare_all_kernel<<<k.blocks, k.threads_per_block, 0, stream>>>(a.ref(), want.get(),
+                                                                     dc.buf.get());
   });
   REQUIRE_NOTHROW(a.check(stream));
   CHECK(dc.get().reads == k.n);
@@ -856,18 +910,21 @@ void run_storm(const storm_config& k) {
   });
   REQUIRE_NOTHROW(a.check(stream));
   REQUIRE_NOTHROW(cache.flush(stream));
-  for (std::uint64_t i = 0; i < k.n; ++i) media[i] = value_of(i, last);
+  for (std::uint64_t i = 0; i < k.n; ++i)
+    media[i] = value_of(i, last);
   bam::copy_to_device(want.get(), media.data(), k.n);
   dc.reset();
   run_bounded(stream, kernel_bound_s, "reading every element after the storm", [&] {
-    compare_all_kernel<<<k.blocks, k.threads_per_block, 0, stream>>>(a.ref(), want.get(), dc.buf.get());
+    compare_all_kernel<<<k.blocks, k.threads_per_block, 0, stream>>>(a.ref(), want.get(),
+                                                                     dc.buf.get());
   });
   REQUIRE_NOTHROW(a.check(stream));
   CHECK(dc.get().reads == k.n);
   CHECK(dc.get().bad == 0);
   const std::vector<elem> flushed = read_array_from_media(s, k.n, k.page);
   bad = 0;
-  for (std::uint64_t i = 0; i < k.n; ++i) bad += flushed[i] != value_of(i, last);
+  for (std::uint64_t i = 0; i < k.n; ++i)
+    bad += flushed[i] != value_of(i, last);
   CHECK(bad == 0);
 }
 
@@ -903,8 +960,9 @@ storm_config cpu_engine_storm(double seconds) {
 
 } // namespace
 
-TEST_CASE("fault storm over the GPU engine: every failure reported, every read right, the cache recovers",
-          "[gpu][storm]") {
+TEST_CASE(
+    "fault storm over the GPU engine: every failure reported, every read right, the cache recovers",
+    "[gpu][storm]") {
   run_storm(gpu_engine_storm(seconds_from_env(20)));
 }
 
@@ -912,7 +970,8 @@ TEST_CASE("fault storm over the CPU engine for GPU clients", "[gpu][storm]") {
   run_storm(cpu_engine_storm(seconds_from_env(20) / 3));
 }
 
-TEST_CASE("fault storm past the deadline: dropped commands, late completions, a controller that stops answering",
+TEST_CASE("fault storm past the deadline: dropped commands, late completions, a controller that "
+          "stops answering",
           "[gpu][storm]") {
   storm_config k;
   k.device = "emu-gpu:hbm=64M,ssds=2,queues=64,depth=128,timeout=300ms";
@@ -949,11 +1008,13 @@ TEST_CASE("fault storm past the deadline: dropped commands, late completions, a 
   bam::page_cache cache({.page_size = 4096, .capacity = 1 << 20});
   bam::array<elem> a(cache, s, (4ull << 20) / sizeof(elem));
   stream_owner stream;
-  run_bounded(stream, 60, "writing after the storm", [&] { write_all_kernel<<<64, 128, 0, stream>>>(a.ref(), 7); });
+  run_bounded(stream, 60, "writing after the storm",
+              [&] { write_all_kernel<<<64, 128, 0, stream>>>(a.ref(), 7); });
   REQUIRE_NOTHROW(a.check(stream));
   REQUIRE_NOTHROW(cache.flush(stream));
   std::vector<elem> want(a.size());
-  for (std::uint64_t i = 0; i < a.size(); ++i) want[i] = value_of(i, 7);
+  for (std::uint64_t i = 0; i < a.size(); ++i)
+    want[i] = value_of(i, 7);
   bam::device_buffer<elem> w(a.size());
   bam::copy_to_device(w.get(), want.data(), a.size());
   device_storm_counters dc;
