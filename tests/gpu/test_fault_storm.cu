@@ -23,6 +23,7 @@
 
 #include <catch2/catch_test_macros.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -677,9 +678,11 @@ void run_storm(const storm_config& k) {
   bam::device_buffer<elem> scratch(threads / 32 * k.copy_len);
   device_storm_counters dc;
 
-  // A kernel may wait for a deadline several times over (a miss, then a
-  // write-back, then its turn); past that it hangs.
-  const double kernel_bound_s = 60 + 20 * static_cast<double>(k.profile.timeout_ns) * 1e-9;
+  // A warp may wait for a deadline several times over (a miss, a
+  // write-back, its turn, for each of its accesses), and the warps that are
+  // not resident wait for those that are; past this bound the kernel hangs.
+  const double kernel_bound_s =
+      std::max(120.0, 30 * static_cast<double>(k.profile.timeout_ns) * 1e-9);
   const std::uint64_t lba_span =
       (k.n / per_page + s.controller_count() - 1) / s.controller_count() * (k.page / s.lba_size());
   fault_storm storm(s, k.profile, seed, lba_span);
