@@ -32,6 +32,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -675,6 +676,11 @@ void case_fork(const std::string& dev) {
   ::munmap(mem, bytes);
 }
 
+//! Generation of the blocks the killed process writes and flushes before its
+//! I/O storm (at the end of namespace 1, where the storm never goes).
+constexpr std::uint64_t kill_kept_gen = 4242;
+constexpr std::size_t kill_kept_bytes = 64 * 1024;
+
 void case_kill(const std::string& dev) {
   int ready[2];
   if (::pipe(ready) != 0) return;
@@ -684,6 +690,16 @@ void case_kill(const std::string& dev) {
     try {
       session s(dev);
       auto& c = *s.c;
+      const std::uint32_t bs = c.ns(1).lba_size;
+      const std::uint64_t kept_blocks = std::max<std::uint64_t>(1, kill_kept_bytes / bs);
+      const std::uint64_t kept_lba = c.ns(1).blocks - kept_blocks;
+      {
+        auto kept = s.t->alloc(kept_blocks * bs);
+        for (std::uint64_t i = 0; i < kept_blocks; ++i)
+          fill_block(kept->as<unsigned char>() + i * bs, bs, kept_lba + i, kill_kept_gen);
+        c.write(1, kept_lba, static_cast<std::uint32_t>(kept_blocks), *kept);
+        c.flush(1);
+      }
       std::atomic<std::uint64_t> ops{0};
       std::vector<std::thread> th;
       for (unsigned i = 0; i < 4; ++i)
@@ -695,7 +711,7 @@ void case_kill(const std::string& dev) {
           std::mt19937_64 rng(i);
           const auto per_io = static_cast<std::uint32_t>(buf->size() / c.ns(1).lba_size);
           for (;;) {
-            const std::uint64_t lba = rng() % (c.ns(1).blocks - per_io);
+            const std::uint64_t lba = rng() % (kept_lba - per_io);
             if (rng() & 1)
               c.read(1, lba, per_io, *buf, 0, i % c.io_queue_count());
             else
@@ -726,12 +742,24 @@ void case_kill(const std::string& dev) {
   report("sigkill-mid-io-releases-pins",
          got && pinned_during > 0 && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL && released,
          "pinned_pages during I/O " + std::to_string(pinned_during) + ", after SIGKILL " + detail);
-  // The controller was stopped and can be brought up again by a new process.
+  // The controller was stopped and can be brought up again by a new process,
+  // which reads what the killed one wrote and flushed before its I/O storm.
   try {
     session s(dev);
     auto buf = s.t->alloc(std::max<std::size_t>(4096, s.c->ns(1).lba_size));
     s.c->read(1, 0, static_cast<std::uint32_t>(buf->size() / s.c->ns(1).lba_size), *buf);
     report("reopen-after-kill", true, "bring-up and I/O by the next process work");
+    const std::uint32_t bs = s.c->ns(1).lba_size;
+    const std::uint64_t kept_blocks = std::max<std::uint64_t>(1, kill_kept_bytes / bs);
+    const std::uint64_t kept_lba = s.c->ns(1).blocks - kept_blocks;
+    auto kept = s.t->alloc(kept_blocks * bs);
+    s.c->read(1, kept_lba, static_cast<std::uint32_t>(kept_blocks), *kept);
+    std::size_t bad = 0;
+    for (std::uint64_t i = 0; i < kept_blocks; ++i)
+      if (!check_block(kept->as<unsigned char>() + i * bs, bs, kept_lba + i, kill_kept_gen)) ++bad;
+    report("reopen-after-kill-reads-flushed", got && bad == 0,
+           std::to_string(bad) + " of " + std::to_string(kept_blocks) +
+               " blocks flushed before the kill differ (LBA " + std::to_string(kept_lba) + ")");
   } catch (const std::exception& e) {
     report("reopen-after-kill", false, e.what());
   }
