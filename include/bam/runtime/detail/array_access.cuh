@@ -169,6 +169,9 @@ private:
   BAM_DEVICE T access(std::uint64_t i, const T* value) const;
   BAM_DEVICE T access_slow(std::uint64_t i, const T* value, unsigned mask, unsigned peers, unsigned leader,
                            pin_result p) const;
+  //! `copy_to` past its fast path: `pinned` is this lane's pin of page
+  //! `first + lane` when `have_pins`.
+  BAM_DEVICE bool copy_slow(std::uint64_t begin, std::uint64_t count, T* out, pin_result pinned, bool have_pins) const;
 };
 
 template <class T>
@@ -294,6 +297,36 @@ BAM_DEVICE bool array_ref<T>::copy_to(std::uint64_t begin, std::uint64_t count, 
     return false;
   }
   if (count == 0) return true;
+  const std::uint64_t first = begin >> elem_shift;
+  const std::uint64_t last = (begin + count - 1) >> elem_shift;
+  if (last - first >= 32) return copy_slow(begin, count, out, pin_result{0, pin_state::miss}, false);
+  // Up to 32 pages: each lane pins one; if every page is in the cache, the
+  // warp copies them out here, with no call.
+  const std::uint64_t my_page = first + lane;
+  pin_result p{0, pin_state::miss};
+  if (my_page <= last) p = cache.pin(page_cache_ref::make_key(space, first_page + my_page), false);
+  if (!__all_sync(full, my_page > last || p.state == pin_state::hit)) return copy_slow(begin, count, out, p, true);
+  const std::uint64_t per_page = 1ull << elem_shift;
+  const unsigned npages = static_cast<unsigned>(last - first) + 1;
+  for (unsigned k = 0; k < npages; ++k) {
+    const std::uint32_t slot = __shfl_sync(full, p.slot, k);
+    const std::uint64_t page = first + k;
+    const std::uint64_t lo = k == 0 ? begin : page * per_page;
+    const std::uint64_t hi = page == last ? begin + count : (page + 1) * per_page;
+    const auto* src = reinterpret_cast<const unsigned char*>(element(slot, lo));
+    unsigned token = warp_copy_out(reinterpret_cast<unsigned char*>(out + (lo - begin)), src, (hi - lo) * sizeof(T), lane, cache.zero);
+    token = __reduce_or_sync(full, token); // every lane's reads of the page arrived
+    if (lane == k) cache.release_read(p.slot, token);
+  }
+  return true;
+}
+
+template <class T>
+BAM_DEVICE BAM_NOINLINE bool array_ref<T>::copy_slow(std::uint64_t begin, std::uint64_t count, T* out, pin_result pinned,
+                                                     bool have_pins) const {
+  using namespace detail;
+  constexpr unsigned full = 0xffffffffu;
+  const unsigned lane = lane_id();
   const std::uint64_t per_page = 1ull << elem_shift;
   const std::uint64_t first = begin >> elem_shift;
   const std::uint64_t last = (begin + count - 1) >> elem_shift;
@@ -305,8 +338,14 @@ BAM_DEVICE bool array_ref<T>::copy_to(std::uint64_t begin, std::uint64_t count, 
     const std::uint64_t my_page = p0 + lane;
     if (my_page <= last) {
       r.key = page_cache_ref::make_key(space, first_page + my_page);
-      r.phase = page_phase::lookup;
-      cache.try_pin(r);
+      if (have_pins && p0 == first) {
+        // The caller's pin (hit, loading, or nothing).
+        r.slot = pinned.slot;
+        r.phase = phase_after(pinned.state);
+      } else {
+        r.phase = page_phase::lookup;
+        cache.try_pin(r);
+      }
     }
     for (;;) {
       if (__any_sync(full, !r.settled())) cache.resolve(r, full, true);
