@@ -18,14 +18,13 @@
 //!
 //! @code
 //!   bam::array<float> feats(cache, storage, nodes * dim);
-//!   bam::gather_rows(feats, d_ids, count, dim, d_rows, stream); // d_ids: std::int64_t or
-//!   std::uint64_t feats.check(stream);                                          // throws for a
-//!   bad id
+//!   bam::gather_rows(feats, d_ids, count, dim, d_rows, stream); // ids: std::int64_t or std::uint64_t
+//!   feats.check(stream);                                         // throws for a bad id
 //!
-//!   __global__ void mean_of_rows(bam::array_ref<float> f, const std::uint64_t* ids, std::uint32_t
-//!   dim, float* tmp) {
+//!   __global__ void mean_of_rows(bam::array_ref<float> f, const std::uint64_t* ids, std::uint32_t dim,
+//!                                float* tmp) {
 //!     const std::uint64_t warp = (blockIdx.x * std::uint64_t(blockDim.x) + threadIdx.x) / 32;
-//!     bam::gather_row(f, ids[warp], dim, tmp + warp * dim);   // the whole warp
+//!     bam::gather_row(f, ids[warp], dim, tmp + warp * dim); // the whole warp
 //!     ...
 //!   }
 //! @endcode
