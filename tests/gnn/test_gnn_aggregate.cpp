@@ -5,6 +5,8 @@
 // answers to bad input (which come before it looks for a GPU).
 #include "gnn_aggregate.hpp"
 
+#include "gnn_test_util.hpp"
+
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/generators/catch_generators.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
@@ -25,32 +27,9 @@ namespace {
 namespace fs = std::filesystem;
 using Catch::Matchers::ContainsSubstring;
 
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    char tmpl[] = "/tmp/bam-gnn-agg-XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~temp_dir() { fs::remove_all(path); }
-};
-
-struct run_result {
-  int status = -1;
-  std::string out;
-};
-
-run_result bam_gnn(const std::string& args) {
-  run_result r;
-  const std::string cmd = std::string(BAM_GNN_PATH) + " " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p))
-    r.out += buf;
-  const int st = ::pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-  return r;
-}
+using bam_gnn_test::bam_gnn;
+using bam_gnn_test::run_result;
+using bam_gnn_test::temp_dir;
 
 bam::gnn::manifest small_dataset(const fs::path& dir, std::uint64_t nodes, std::uint32_t dim,
                                  bool file = true) {

@@ -6,6 +6,8 @@
 // load onto a software controller, check (which catches a corrupted row).
 #include "gnn_dataset.hpp"
 
+#include "gnn_test_util.hpp"
+
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
@@ -26,32 +28,9 @@ namespace fs = std::filesystem;
 using Catch::Matchers::ContainsSubstring;
 using json = nlohmann::json;
 
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    char tmpl[] = "/tmp/bam-gnn-XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~temp_dir() { fs::remove_all(path); }
-  std::string operator/(const std::string& n) const { return (path / n).string(); }
-};
-
-struct run_result {
-  int status = -1;
-  std::string out;
-};
-
-run_result bam_gnn(const std::string& args) {
-  run_result r;
-  const std::string cmd = std::string(BAM_GNN_PATH) + " " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, p)) r.out += buf;
-  const int st = ::pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-  return r;
-}
+using bam_gnn_test::bam_gnn;
+using bam_gnn_test::run_result;
+using bam_gnn_test::temp_dir;
 
 json bam_gnn_json(const std::string& args) {
   const run_result r = bam_gnn("--json -q " + args);
