@@ -266,7 +266,8 @@ TEST_CASE("bam-gnn make, rerun, load onto a software controller, check, info", "
 TEST_CASE("bam-gnn make --no-features-file writes the table straight onto the device", "[gnn][cli]") {
   temp_dir d;
   const std::string ds = d / "ds";
-  const std::string dev = "emu:file=" + d / "disk.img" + ",size=8M,lba=4096";
+  // A generous deadline: a loaded machine may leave the engine thread little time.
+  const std::string dev = "emu:file=" + d / "disk.img" + ",size=8M,lba=4096,timeout=60s";
   json j = bam_gnn_json("make " + ds + " --nodes 3000 --degree 4 --dim 256 --no-features-file --device " + dev +
                         " --offset 64K");
   CHECK(!fs::exists(d / "ds/features.bin"));
