@@ -30,5 +30,6 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def image(tmp_path):
-    """A device string for a 16 MiB software controller over a file."""
-    return f"emu:file={tmp_path / 'disk.img'},size=16M"
+    """A device string for a 16 MiB software controller over a file (a generous
+    command timeout: a busy CI machine's disk may stall for seconds)."""
+    return f"emu:file={tmp_path / 'disk.img'},size=16M,timeout=60s"

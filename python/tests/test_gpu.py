@@ -107,7 +107,7 @@ def test_host_storage_moves_to_the_gpu(torch, tmp_path):
 
 def test_file_storage_round_trip(torch, tmp_path):
     data = torch.randn(2048, 32, dtype=torch.float64)
-    dev = f"emu:file={tmp_path / 'd.img'},size=8M"
+    dev = f"emu:file={tmp_path / 'd.img'},size=8M,timeout=60s"
     bam.load(data, dev, progress=False)
     s = bam.open(dev)
     cache = bam.PageCache(page_size=4096, capacity=2 << 20)

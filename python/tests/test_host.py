@@ -148,7 +148,7 @@ def test_load_errors(image):
 
 
 def test_striped_storage_refuses_host_transfers(tmp_path):
-    s = bam.open(f"emu:file={tmp_path / 'd.img'},size=1M,ssds=2")
+    s = bam.open(f"emu:file={tmp_path / 'd.img'},size=1M,ssds=2,timeout=60s")
     assert s.controller_count == 2
     with pytest.raises(bam.Error, match="one controller"):
         bam.load(np.zeros(512, np.uint8), s, progress=False)
@@ -268,3 +268,42 @@ def test_torch_geometric_feature_store_api():
     assert isinstance(store, PygFeatureStore)
     assert store.get_all_tensor_attrs() == []
     assert store.get_tensor_size("paper", "x") is None
+
+
+def test_interrupted_file_load_resumes(tmp_path):
+    """An exception from the progress callback (Ctrl-C's KeyboardInterrupt, say)
+    stops the load; the next load of the same file skips what reached the device."""
+    src = tmp_path / "big.bin"
+    # More 1 MiB chunks than a load keeps in flight (16).
+    data = np.random.default_rng(2).integers(0, 256, size=20 << 20, dtype=np.uint8)
+    data.tofile(src)
+    s = bam.open(f"emu:file={tmp_path / 'disk.img'},size=24M,timeout=60s")
+    calls = []
+
+    def stop(done, total):
+        calls.append(done)
+        if done >= 3 << 20:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        s._load_file(str(src), 0, True, stop)
+    assert os.path.exists(str(src) + ".bam-load")
+    r = bam.load(src, s, progress=False)
+    assert 0 < r.resumed_chunks < 20
+    assert not os.path.exists(str(src) + ".bam-load")
+    np.testing.assert_array_equal(bam.read(s, 0, data.size), data)
+
+
+def test_interrupted_memory_load_leaves_no_state_file(tmp_path):
+    import glob
+    import tempfile
+
+    s = bam.open(f"emu:file={tmp_path / 'disk.img'},size=24M,timeout=60s")
+    data = np.zeros(20 << 20, np.uint8)
+
+    def stop(done, total):
+        raise ValueError("stop here")
+
+    with pytest.raises(ValueError, match="stop here"):
+        s._load_bytes(data, 0, stop)
+    assert glob.glob(os.path.join(tempfile.gettempdir(), f"bam-python-load-{os.getpid()}-*")) == []

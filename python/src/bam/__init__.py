@@ -53,11 +53,13 @@ _ELEMENT_SIZES = (1, 2, 4, 8)
 
 @dataclass(frozen=True)
 class TransferResult:
-    """What a load or dump moved: bytes, XXH3-128 (as `xxhsum -H2` prints it), seconds."""
+    """What a load or dump moved: bytes, XXH3-128 (as ``xxhsum -H2`` prints it),
+    seconds, and for a resumed load the chunks an interrupted one had written."""
 
     bytes: int
     checksum: str
     seconds: float
+    resumed_chunks: int = 0
 
 
 def open(device_string: str) -> Storage:  # noqa: A001 - bam.open mirrors bam::storage's constructor

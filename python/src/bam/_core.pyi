@@ -13,7 +13,7 @@ class RowIndexError(Error, IndexError):
     """A row id outside [0, rows) of a bam.Array."""
 
 _Progress = Optional[Callable[[int, int], None]]
-_Transfer = Dict[str, Any]  # {"bytes": int, "checksum": str, "seconds": float}
+_Transfer = Dict[str, Any]  # {"bytes", "checksum", "seconds", "resumed_chunks"}
 
 def gpu_compiled() -> bool:
     """True when this extension was built with CUDA."""

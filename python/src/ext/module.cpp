@@ -46,10 +46,17 @@ constexpr std::uint32_t host_io_queues = 8;
 
 using progress_fn = std::function<void(std::uint64_t done, std::uint64_t total)>;
 
+//! How a transfer reports and is stopped.
+struct transfer_control {
+  progress_fn progress;                      //!< after each chunk; may be empty
+  const std::atomic<bool>* cancel = nullptr; //!< set: stop cleanly (a load records its chunks)
+};
+
 struct transfer_result {
   std::uint64_t bytes = 0;
   std::string checksum;
   double seconds = 0;
+  std::uint64_t resumed_chunks = 0; //!< a load: chunks an earlier, interrupted load had written
 };
 
 [[noreturn]] void invalid(const std::string& what) {
@@ -72,12 +79,7 @@ public:
       gpu_ = std::make_shared<gpu_storage>(text);
       return;
     }
-    controller_options o;
-    o.io_queues = std::min(spec_.io_queues, host_io_queues);
-    o.queue_depth = spec_.queue_depth;
-    o.io_timeout_ns = spec_.timeout_ns;
-    for (auto& t : open_host_transports(spec_))
-      host_.push_back(std::make_unique<controller>(t, o));
+    open_host();
   }
 
   const std::string& device_string() const { return spec_.text; }
@@ -112,24 +114,85 @@ public:
     std::lock_guard lock(mutex_);
     if (gpu_) return *gpu_;
     require_gpu();
-    std::vector<std::vector<std::uint8_t>> saved;
-    if (spec_.kind == device_kind::emu_cpu && spec_.media == media_kind::ram) {
-      for (auto& c : host_) {
-        std::vector<std::uint8_t> bytes(c->ns(1).blocks * c->ns(1).lba_size);
-        read_host(*c, 0, bytes.data(), bytes.size());
-        saved.push_back(std::move(bytes));
+    if (spec_.kind == device_kind::pci) {
+      // A kernel-module device has one owner: the host controllers go first,
+      // and come back if the GPU side cannot be brought up.
+      host_.clear();
+      try {
+        gpu_ = std::make_shared<gpu_storage>(spec_.text);
+      } catch (...) {
+        open_host();
+        throw;
+      }
+      return *gpu_;
+    }
+    // Software controllers: the GPU side is brought up next to the host one,
+    // which goes only once the new one works (a RAM media's bytes carried over).
+    auto g = std::make_shared<gpu_storage>(spec_.text);
+    if (spec_.media == media_kind::ram) {
+      for (std::uint32_t i = 0; i < host_.size(); ++i) {
+        controller& c = *host_[i];
+        std::vector<std::uint8_t> bytes(host_chunk_bytes);
+        const std::uint64_t total = c.ns(1).blocks * c.ns(1).lba_size;
+        for (std::uint64_t pos = 0; pos < total; pos += bytes.size()) {
+          const std::size_t n =
+              static_cast<std::size_t>(std::min<std::uint64_t>(bytes.size(), total - pos));
+          read_host(c, pos, bytes.data(), n);
+          g->write_media(i, pos, bytes.data(), n);
+        }
       }
     }
     host_.clear();
-    gpu_ = std::make_shared<gpu_storage>(spec_.text);
-    for (std::uint32_t i = 0; i < saved.size(); ++i)
-      gpu_->write_media(i, 0, saved[i].data(), saved[i].size());
+    gpu_ = std::move(g);
     return *gpu_;
+  }
+
+  //! A file (or block device) onto the device at byte `offset`; resumable
+  //! where the host controller loads it.
+  transfer_result load_file(const std::string& path, std::uint64_t offset, bool resume,
+                            const transfer_control& ctl) {
+    std::unique_lock lock(mutex_);
+    if (!gpu_) {
+      dataset_options o;
+      o.offset = offset;
+      o.resume = resume;
+      if (ctl.progress)
+        o.progress = [&](const transfer_progress& p) { ctl.progress(p.bytes_done, p.bytes_total); };
+      o.cancel = ctl.cancel;
+      controller& c = single_host("load");
+      const std::uint64_t size = file_bytes(path);
+      check_range("load", offset, size);
+      const dataset_result r = load_dataset(c, path, o);
+      return {r.bytes, r.checksum, r.seconds, r.resumed_chunks};
+    }
+    lock.unlock();
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw_errno("opening '" + path + "'");
+    struct closer {
+      int fd;
+      ~closer() { ::close(fd); }
+    } guard{fd};
+    data_source src;
+    src.identity = path;
+    src.size = file_bytes(path);
+    src.read = [fd, path](std::uint64_t off, void* dst, std::size_t len) {
+      auto* p = static_cast<char*>(dst);
+      while (len > 0) {
+        const ssize_t n = ::pread(fd, p, len, static_cast<off_t>(off));
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) throw_errno("reading '" + path + "'");
+        if (n == 0) invalid("'" + path + "' ended early (it changed during the load)");
+        p += n;
+        off += static_cast<std::uint64_t>(n);
+        len -= static_cast<std::size_t>(n);
+      }
+    };
+    return load(src, offset, {}, false, ctl);
   }
 
   //! `src.size` bytes onto the device at byte `offset`.
   transfer_result load(const data_source& src, std::uint64_t offset, const std::string& state_path,
-                       bool resume, const progress_fn& progress) {
+                       bool resume, const transfer_control& ctl) {
     std::lock_guard lock(mutex_);
     check_range("load", offset, src.size);
     if (!gpu_) {
@@ -137,17 +200,17 @@ public:
       o.offset = offset;
       o.state_path = state_path;
       o.resume = resume;
-      if (progress)
-        o.progress = [&](const transfer_progress& p) { progress(p.bytes_done, p.bytes_total); };
+      if (ctl.progress)
+        o.progress = [&](const transfer_progress& p) { ctl.progress(p.bytes_done, p.bytes_total); };
+      o.cancel = ctl.cancel;
       const dataset_result r = load_dataset(single_host("load"), src, o);
       return {r.bytes, r.checksum, r.seconds};
     }
     single_gpu("load");
-    return copy_chunks(src.size, progress,
-                       [&](std::uint64_t pos, std::uint8_t* buf, std::size_t n) {
-                         src.read(pos, buf, n);
-                         gpu_->write_media(0, offset + pos, buf, n);
-                       });
+    return copy_chunks(src.size, ctl, [&](std::uint64_t pos, std::uint8_t* buf, std::size_t n) {
+      src.read(pos, buf, n);
+      gpu_->write_media(0, offset + pos, buf, n);
+    });
   }
 
   //! `n` bytes at byte `offset` into `dst`.
@@ -164,21 +227,22 @@ public:
 
   //! `n` bytes at byte `offset` into the file `path`.
   transfer_result dump(const std::string& path, std::uint64_t offset, std::uint64_t n,
-                       const progress_fn& progress) {
+                       const transfer_control& ctl) {
     std::lock_guard lock(mutex_);
     check_range("dump", offset, n);
     if (!gpu_) {
       dataset_options o;
       o.offset = offset;
-      if (progress)
-        o.progress = [&](const transfer_progress& p) { progress(p.bytes_done, p.bytes_total); };
+      if (ctl.progress)
+        o.progress = [&](const transfer_progress& p) { ctl.progress(p.bytes_done, p.bytes_total); };
+      o.cancel = ctl.cancel;
       const dataset_result r = dump_dataset(single_host("dump"), path, n, o);
       return {r.bytes, r.checksum, r.seconds};
     }
     single_gpu("dump");
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     if (!out) throw_errno("creating '" + path + "'");
-    auto r = copy_chunks(n, progress, [&](std::uint64_t pos, std::uint8_t* buf, std::size_t len) {
+    auto r = copy_chunks(n, ctl, [&](std::uint64_t pos, std::uint8_t* buf, std::size_t len) {
       gpu_->read_media(0, offset + pos, buf, len);
       out.write(reinterpret_cast<const char*>(buf), static_cast<std::streamsize>(len));
       if (!out) throw_errno("writing '" + path + "'");
@@ -187,6 +251,26 @@ public:
   }
 
 private:
+  void open_host() {
+    controller_options o;
+    o.io_queues = std::min(spec_.io_queues, host_io_queues);
+    o.queue_depth = spec_.queue_depth;
+    o.io_timeout_ns = spec_.timeout_ns;
+    for (auto& t : open_host_transports(spec_))
+      host_.push_back(std::make_unique<controller>(t, o));
+  }
+
+  //! Size of a file or block device.
+  static std::uint64_t file_bytes(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw_errno("opening '" + path + "'");
+    const off_t end = ::lseek(fd, 0, SEEK_END);
+    const int e = errno;
+    ::close(fd);
+    if (end < 0) throw_errno("size of '" + path + "'", e);
+    return static_cast<std::uint64_t>(end);
+  }
+
   void check_range(const char* what, std::uint64_t offset, std::uint64_t n) const {
     const std::uint64_t total = blocks() * lba_size();
     if (offset > total || n > total - offset)
@@ -228,7 +312,7 @@ private:
   }
 
   template <class Step>
-  static transfer_result copy_chunks(std::uint64_t n, const progress_fn& progress, Step&& step) {
+  static transfer_result copy_chunks(std::uint64_t n, const transfer_control& ctl, Step&& step) {
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::uint8_t> buf(std::min(n, host_chunk_bytes));
     detail::xxh128_stream sum;
@@ -238,7 +322,14 @@ private:
       step(pos, buf.data(), len);
       sum.update(buf.data(), len);
       pos += len;
-      if (progress) progress(pos, n);
+      if (ctl.progress) ctl.progress(pos, n);
+      if (ctl.cancel != nullptr && ctl.cancel->load() && pos < n) {
+        error_context c;
+        c.errnum = EINTR;
+        throw error("transfer interrupted after " + std::to_string(pos) + " of " +
+                        std::to_string(n) + " bytes",
+                    c);
+      }
     }
     return {n, sum.hex(),
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
@@ -250,20 +341,66 @@ private:
   std::mutex mutex_;
 };
 
-//! A progress callback from Python, called with the GIL held.
-progress_fn python_progress(const std::optional<nb::callable>& cb) {
-  if (!cb) return {};
-  return [cb](std::uint64_t done, std::uint64_t total) {
-    nb::gil_scoped_acquire gil;
-    (*cb)(done, total);
-  };
-}
+//! A transfer driven from Python: the progress callback runs with the GIL
+//! held; an exception from it, or a pending signal (Ctrl-C), stops the
+//! transfer cleanly (a load from a file records its chunks, to resume) and is
+//! raised once the transfer has returned. Used with the GIL held, except
+//! `control()`'s callback, which takes it.
+class python_transfer {
+public:
+  explicit python_transfer(std::optional<nb::callable> cb) : cb_(std::move(cb)) {}
+
+  transfer_control control() {
+    transfer_control c;
+    c.cancel = &cancel_;
+    c.progress = [this](std::uint64_t done, std::uint64_t total) {
+      nb::gil_scoped_acquire gil;
+      if (error_) return;
+      try {
+        if (PyErr_CheckSignals() != 0) throw nb::python_error();
+        if (cb_) (*cb_)(done, total);
+      } catch (nb::python_error& e) {
+        error_.emplace(std::move(e));
+        cancel_ = true;
+      }
+    };
+    return c;
+  }
+
+  //! Run `f` without the GIL; raise the callback's exception, if any, after it.
+  template <class F>
+  transfer_result run(F&& f) {
+    transfer_result r;
+    try {
+      nb::gil_scoped_release nogil;
+      r = f(control());
+    } catch (...) {
+      rethrow();
+      throw;
+    }
+    rethrow();
+    return r;
+  }
+
+private:
+  void rethrow() {
+    if (!error_) return;
+    nb::python_error e = std::move(*error_);
+    error_.reset();
+    throw e;
+  }
+
+  std::optional<nb::callable> cb_;
+  std::atomic<bool> cancel_{false};
+  std::optional<nb::python_error> error_;
+};
 
 nb::dict as_dict(const transfer_result& r) {
   nb::dict d;
   d["bytes"] = r.bytes;
   d["checksum"] = r.checksum;
   d["seconds"] = r.seconds;
+  d["resumed_chunks"] = r.resumed_chunks;
   return d;
 }
 
@@ -358,44 +495,18 @@ NB_MODULE(_core, m) {
           "_load_file",
           [](storage_handle& s, const std::string& path, std::uint64_t offset, bool resume,
              std::optional<nb::callable> progress) {
-            auto cb = python_progress(progress);
-            transfer_result r;
-            {
-              nb::gil_scoped_release nogil;
-              const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-              if (fd < 0) bam::throw_errno("opening '" + path + "'");
-              struct closer {
-                int fd;
-                ~closer() { ::close(fd); }
-              } guard{fd};
-              bam::data_source src;
-              src.identity = std::filesystem::absolute(path).string();
-              src.size = std::filesystem::file_size(path);
-              src.read = [fd, path](std::uint64_t off, void* dst, std::size_t len) {
-                auto* p = static_cast<char*>(dst);
-                while (len > 0) {
-                  const ssize_t n = ::pread(fd, p, len, static_cast<off_t>(off));
-                  if (n < 0 && errno == EINTR) continue;
-                  if (n < 0) bam::throw_errno("reading '" + path + "'");
-                  if (n == 0) invalid("'" + path + "' ended early (it changed during the load)");
-                  p += n;
-                  off += static_cast<std::uint64_t>(n);
-                  len -= static_cast<std::size_t>(n);
-                }
-              };
-              r = s.load(src, offset, path + ".bam-load", resume, cb);
-            }
-            return as_dict(r);
+            python_transfer t(std::move(progress));
+            return as_dict(t.run([&](const transfer_control& ctl) {
+              return s.load_file(path, offset, resume, ctl);
+            }));
           },
           "path"_a, "offset"_a, "resume"_a, "progress"_a.none())
       .def(
           "_load_bytes",
           [](storage_handle& s, host_bytes data, std::uint64_t offset,
              std::optional<nb::callable> progress) {
-            auto cb = python_progress(progress);
-            transfer_result r;
-            {
-              nb::gil_scoped_release nogil;
+            python_transfer t(std::move(progress));
+            return as_dict(t.run([&](const transfer_control& ctl) {
               const auto* base = data.data();
               bam::data_source src;
               src.size = data.shape(0);
@@ -403,9 +514,15 @@ NB_MODULE(_core, m) {
               src.read = [base](std::uint64_t off, void* dst, std::size_t len) {
                 std::memcpy(dst, base + off, len);
               };
-              r = s.load(src, offset, memory_load_state_path(), false, cb);
-            }
-            return as_dict(r);
+              const std::string state = memory_load_state_path();
+              try {
+                return s.load(src, offset, state, false, ctl);
+              } catch (...) {
+                std::error_code ignored;
+                std::filesystem::remove(state, ignored);
+                throw;
+              }
+            }));
           },
           "data"_a, "offset"_a, "progress"_a.none())
       .def(
@@ -426,13 +543,9 @@ NB_MODULE(_core, m) {
           "_dump",
           [](storage_handle& s, const std::string& path, std::uint64_t offset, std::uint64_t nbytes,
              std::optional<nb::callable> progress) {
-            auto cb = python_progress(progress);
-            transfer_result r;
-            {
-              nb::gil_scoped_release nogil;
-              r = s.dump(path, offset, nbytes, cb);
-            }
-            return as_dict(r);
+            python_transfer t(std::move(progress));
+            return as_dict(t.run(
+                [&](const transfer_control& ctl) { return s.dump(path, offset, nbytes, ctl); }));
           },
           "path"_a, "offset"_a, "nbytes"_a, "progress"_a.none())
       .def("__repr__", [](const storage_handle& s) {
