@@ -68,10 +68,11 @@ struct transfer_result {
 //! What a device string names, for the host and, once an array needs it, for
 //! GPU threads. `emu-gpu:` devices are GPU-side from the start. `emu:` and
 //! kernel-module devices are driven by host threads until an array is made
-//! over them; then the host controllers are shut down and the same device
-//! string is brought up for GPU submitters (an `emu:ram` media's bytes are
+//! over them; then the same device string is brought up for GPU submitters
+//! and the host controllers are shut down (an `emu:ram` media's bytes are
 //! carried over, a file or an SSD keeps them anyway). From then on loads and
-//! reads go straight to the software controller's media.
+//! reads go straight to the software controller's media. Transfers and the
+//! switch hold one mutex; the properties are read with Python's GIL held.
 class storage_handle {
 public:
   explicit storage_handle(const std::string& text) : spec_(parse_device(text)) {
