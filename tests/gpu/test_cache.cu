@@ -6,6 +6,8 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <chrono>
+
 using bam_test::counters;
 using bam_test::device_counters;
 using bam_test::layout;
@@ -118,6 +120,55 @@ TEST_CASE("a failed load does not stick: the retry after the fault is gone succe
   REQUIRE_NOTHROW(a.check());
   CHECK(c.get().done == 1);
   CHECK(c.get().bad == 0);
+}
+
+namespace {
+
+// Warp w reads page first_page + w.
+__global__ void page_per_warp_kernel(bam::array_ref<std::uint32_t> a, std::uint64_t first_page, std::uint32_t per_page) {
+  const std::uint64_t w = (blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x) / 32;
+  volatile std::uint32_t sink = a[(first_page + w) * per_page + threadIdx.x % 32];
+  (void)sink;
+}
+
+} // namespace
+
+TEST_CASE("a set whose slots a timed-out load may still land in fails later misses at once, not a deadline each",
+          "[gpu][cache]") {
+  bam::storage s("emu-gpu:hbm=8M,queues=4,depth=16,timeout=200ms");
+  bam_test::fill_pattern(s);
+  // One slot. A load into it that is never answered times out; the command
+  // may still land, so the slot stays out of use.
+  bam::page_cache cache({.page_size = 4096, .capacity = 4096, .ways = 1, .timeout_ns = 200'000'000ull});
+  bam::array<std::uint32_t> a(cache, s, (8ull << 20) / 4);
+  const layout l{0, 4096, 512, 1};
+  bam::emu::fault_rule drop;
+  drop.opcode = static_cast<std::uint8_t>(bam::nvme::nvm_opcode::read);
+  drop.count = 0;
+  drop.action = bam::emu::fault_action::drop;
+  auto& faults = s.emu_controllers()[0]->faults();
+  faults.add(drop);
+  device_counters c;
+  pages_kernel<<<1, 1>>>(a.ref(), 0, 1, 1024, false, 0, l, c.ptr());
+  BAM_TEST_SYNC();
+  CHECK_THROWS(a.check());
+  faults.clear();
+  // 128 warps miss on that set. Each used to hold the set's turn for a whole
+  // deadline before failing (128 x 200 ms); now each fails at once.
+  const auto t0 = std::chrono::steady_clock::now();
+  page_per_warp_kernel<<<32, 128>>>(a.ref(), 1, 1024);
+  BAM_TEST_SYNC();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO("128 misses on a lost set took " << seconds << " s");
+  CHECK(seconds < 10.0);
+  try {
+    a.check();
+    FAIL("the misses on the lost set were not reported");
+  } catch (const bam::error& e) {
+    INFO(e.what());
+    REQUIRE(e.status().has_value());
+    CHECK(*e.status() == bam::nvme::status_timeout);
+  }
 }
 
 TEST_CASE("a failed write-back on detach loses nothing: the pages stay, and a later array sees them",

@@ -18,7 +18,9 @@
 //
 // BAM_STORM_SECONDS sets the duration of the default runs (20 s over the GPU
 // engine, a third of it over the CPU engine); the [long] case runs 300 s and
-// 100 s unless BAM_STORM_SECONDS says otherwise. BAM_STORM_SEED repeats a run.
+// 100 s unless BAM_STORM_SECONDS says otherwise. BAM_STORM_SEED repeats a run;
+// BAM_STORM_ROUND_BOUND_S sets how long a round may take before it counts as
+// a hang (the cache's state is then printed).
 #include "test_util.cuh"
 
 #include <catch2/catch_test_macros.hpp>
@@ -290,6 +292,67 @@ struct device_storm_counters {
   }
 };
 
+//! The cache of the storm that runs now, for the state dump of a hang.
+const bam::page_cache* storm_cache = nullptr;
+
+//! What the cache's sets and slots look like while a kernel hangs (copied on
+//! a stream of its own while the kernel runs): the sets with misses waiting
+//! for their turn, and what their slots hold.
+void dump_cache_state(const bam::page_cache& cache) {
+  using namespace bam::detail;
+  const bam::page_cache_ref r = cache.ref();
+  std::vector<std::uint64_t> words(r.nslots);
+  std::vector<cache_set> sets(r.nsets);
+  cudaStream_t s = nullptr;
+  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess ||
+      cudaMemcpyAsync(words.data(), r.slots, words.size() * 8, cudaMemcpyDeviceToHost, s) != cudaSuccess ||
+      cudaMemcpyAsync(sets.data(), r.sets, sets.size() * sizeof(cache_set), cudaMemcpyDeviceToHost, s) != cudaSuccess ||
+      cudaStreamSynchronize(s) != cudaSuccess) {
+    std::fprintf(stderr, "  (the cache's state could not be read)\n");
+    return;
+  }
+  unsigned long long waiting_sets = 0, waiters = 0, max_queue = 0;
+  unsigned long long pinned = 0, busy = 0, lost = 0, valid = 0, dirty = 0, wb_failed = 0, error = 0, empty = 0;
+  unsigned shown = 0;
+  for (std::uint64_t set = 0; set < r.nsets; ++set) {
+    const std::uint32_t q = sets[set].next - sets[set].serving;
+    if (q == 0) continue;
+    ++waiting_sets;
+    waiters += q;
+    max_queue = std::max<unsigned long long>(max_queue, q);
+    for (std::uint32_t w = 0; w < r.ways; ++w) {
+      const std::uint64_t x = words[set * r.ways + w];
+      pinned += (x & slot_pin_mask) != 0;
+      busy += (x & slot_busy) != 0;
+      lost += (x & (slot_pin_mask | slot_busy | slot_error)) == (slot_busy | slot_error);
+      valid += (x & slot_valid) != 0;
+      dirty += (x & slot_dirty) != 0;
+      wb_failed += (x & slot_wb_failed) != 0;
+      error += (x & slot_error) != 0;
+      empty += (x >> slot_tag_shift) == 0;
+    }
+    if (shown++ < 4) {
+      std::fprintf(stderr, "  set %llu: %u waiting (next %u, serving %u), hand %u; slots:", static_cast<unsigned long long>(set), q,
+                   sets[set].next, sets[set].serving, sets[set].hand);
+      for (std::uint32_t w = 0; w < r.ways; ++w) {
+        const std::uint64_t x = words[set * r.ways + w];
+        std::fprintf(stderr, " [pins %llu%s%s%s%s%s%s]", static_cast<unsigned long long>(x & slot_pin_mask),
+                     x & slot_valid ? " valid" : "", x & slot_busy ? " busy" : "", x & slot_dirty ? " dirty" : "",
+                     x & slot_error ? " error" : "", x & slot_wb_failed ? " wb_failed" : "",
+                     x >> slot_tag_shift ? "" : " empty");
+      }
+      std::fprintf(stderr, "\n");
+    }
+  }
+  std::fprintf(stderr,
+               "  cache: %llu slots in %llu sets; %llu sets with %llu misses waiting for their turn (longest %llu); "
+               "their slots: %llu pinned, %llu busy, %llu lost, %llu valid, %llu dirty, %llu write-back failed, "
+               "%llu error, %llu empty\n",
+               static_cast<unsigned long long>(r.nslots), static_cast<unsigned long long>(r.nsets), waiting_sets,
+               waiters, max_queue, pinned, busy, lost, valid, dirty, wb_failed, error, empty);
+  cudaStreamDestroy(s);
+}
+
 //! A kernel (or flush) that does not end within `seconds` is a hang: the
 //! process cannot go on (its resources are in use), so it stops here, loudly.
 void require_finishes(cudaStream_t stream, double seconds, const std::string& what) {
@@ -301,6 +364,7 @@ void require_finishes(cudaStream_t stream, double seconds, const std::string& wh
     if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > seconds) {
       std::fprintf(stderr, "FAILED: %s did not finish within %.0f s: the GPU runtime hangs\n",
                    what.c_str(), seconds);
+      if (storm_cache != nullptr) dump_cache_state(*storm_cache);
       std::fflush(stderr);
       std::abort();
     }
@@ -681,8 +745,14 @@ void run_storm(const storm_config& k) {
   // A warp may wait for a deadline several times over (a miss, a
   // write-back, its turn, for each of its accesses), and the warps that are
   // not resident wait for those that are; past this bound the kernel hangs.
-  const double kernel_bound_s =
-      std::max(120.0, 30 * static_cast<double>(k.profile.timeout_ns) * 1e-9);
+  const char* bound_env = std::getenv("BAM_STORM_ROUND_BOUND_S");
+  const double kernel_bound_s = bound_env != nullptr && std::atof(bound_env) > 0
+                                    ? std::atof(bound_env)
+                                    : std::max(120.0, 30 * static_cast<double>(k.profile.timeout_ns) * 1e-9);
+  storm_cache = &cache;
+  struct forget_cache {
+    ~forget_cache() { storm_cache = nullptr; }
+  } forget;
   const std::uint64_t lba_span =
       (k.n / per_page + s.controller_count() - 1) / s.controller_count() * (k.page / s.lba_size());
   fault_storm storm(s, k.profile, seed, lba_span);

@@ -8,9 +8,10 @@
 //!    page share one cache reference (one leader per page).
 //!  - `a.copy_to(begin, count, out)`: the whole warp copies a contiguous range
 //!    into a buffer, up to 32 pages in flight at once.
-//!  - `auto r = a.reader(); ... r[i]`: a reader keeps the warp's current
-//!    pages referenced between accesses, so a warp walking through a page
-//!    pays for the cache lookup once per page, not once per element.
+//!  - `auto r = a.reader(); ... r[i]`: a reader remembers the cache slot of
+//!    each lane's last page, so a warp walking through a page pays for the
+//!    cache lookup once per page, not once per element (it holds no page
+//!    between accesses: lanes may diverge or leave a loop at any point).
 //!  - Pages are striped over the storage's controllers; many arrays share one cache.
 //!  - `array<T>::open(cache, "/data/features.bin")`: an array over a file,
 //!    read through its blocks on the raw disk where that disk can be opened

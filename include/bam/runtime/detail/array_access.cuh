@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 //! `bam::array_ref<T>` and `bam::array_reader<T>`: element access, range
-//! copies and page-holding readers over the page cache (device side).
+//! copies and readers that remember their pages' slots, over the page cache
+//! (device side).
 //!
 //! Every access is warp-collective over the lanes that make it (the active
 //! mask): lanes on the same page form a group whose leader holds the cache
@@ -167,8 +168,11 @@ public:
 
 private:
   BAM_DEVICE T access(std::uint64_t i, const T* value) const;
+  //! The miss and wait path of an access; `*slot_of_page` (if given) is set
+  //! to the slot the page was read from (a hint: the page is let go).
   BAM_DEVICE T access_slow(std::uint64_t i, const T* value, unsigned mask, unsigned peers, unsigned leader,
-                           pin_result p) const;
+                           pin_result p, std::uint32_t* slot_of_page = nullptr) const;
+  friend class array_reader<T>;
   //! `copy_to` past its fast path: `pinned` is this lane's pin of page
   //! `first + lane` when `have_pins`.
   BAM_DEVICE bool copy_slow(std::uint64_t begin, std::uint64_t count, T* out, pin_result pinned, bool have_pins) const;
@@ -190,7 +194,7 @@ BAM_DEVICE T array_ref<T>::access(std::uint64_t i, const T* value) const {
 
 template <class T>
 BAM_DEVICE BAM_NOINLINE T array_ref<T>::access_slow(std::uint64_t i, const T* value, unsigned mask, unsigned peers,
-                                                    unsigned leader, pin_result p) const {
+                                                    unsigned leader, pin_result p, std::uint32_t* slot_of_page) const {
   using namespace detail;
   (void)peers;
   const unsigned lane = lane_id();
@@ -220,6 +224,7 @@ BAM_DEVICE BAM_NOINLINE T array_ref<T>::access_slow(std::uint64_t i, const T* va
       else {
         result = load_uncached(element(slot, i));
         token = dependency_token(first_word(result), cache.zero);
+        if (slot_of_page != nullptr) *slot_of_page = slot;
       }
     }
     todo &= ~__ballot_sync(mask, now);
@@ -380,109 +385,54 @@ BAM_DEVICE BAM_NOINLINE bool array_ref<T>::copy_slow(std::uint64_t begin, std::u
   return ok;
 }
 
-//! Keeps the warp's current pages referenced between accesses: while every
-//! lane of a warp stays on the pages it used last, an access is one vote and
-//! one load. Warp-collective like `array_ref::operator[]`; create, use and
-//! destroy it in converged code. It holds cache slots: keep it no longer than
-//! a loop over nearby elements.
+//! Remembers the cache slot of each lane's last page, so that an access to
+//! the same page skips the lookup: one atomic pin of the known slot, one
+//! load, one release. It holds nothing between accesses: lanes of a warp may
+//! diverge, leave a loop early or stop using it at any point (a pin kept
+//! across accesses would stay with lanes parked at a divergent loop's exit
+//! while the rest of their warp waits for a slot). Warp-collective like
+//! `array_ref::operator[]`.
 template <class T>
 class array_reader {
 public:
   BAM_DEVICE explicit array_reader(const array_ref<T>& a) : a_(a) {}
-  BAM_DEVICE ~array_reader() { release(); }
   array_reader(const array_reader&) = delete;
   array_reader& operator=(const array_reader&) = delete;
 
   BAM_DEVICE const T operator[](std::uint64_t i) {
-    const unsigned mask = __activemask();
-    const bool in_range = i < a_.n;
-    const std::uint64_t key = in_range ? a_.key_of(i) : ~0ull;
-    if (__all_sync(mask, in_range && key == key_)) return detail::load_page(a_.element(slot_, i));
-    return move_to(i, mask);
-  }
-  //! Let the held pages go now.
-  BAM_DEVICE void release() {
-    const unsigned mask = __activemask();
-    if (__any_sync(mask, owner_)) {
-      __syncwarp(mask); // every lane's reads of the pages before they go
-      if (owner_) a_.cache.release(slot_);
-    }
-    owner_ = false;
-    key_ = ~0ull;
-  }
-
-private:
-  //! Some lane moved to another page: let every held page go first (no
-  //! waiting while holding), then take the new ones.
-  BAM_DEVICE const T move_to(std::uint64_t i, unsigned mask) {
     using namespace detail;
-    release();
+    const unsigned mask = __activemask();
     const unsigned lane = lane_id();
     const bool in_range = i < a_.n;
     const std::uint64_t key = in_range ? a_.key_of(i) : ~0ull;
     const unsigned peers = same_value_lanes(mask, key);
     const unsigned leader = __ffs(peers) - 1;
+    // The group's leader pins the page: at the slot it remembers for it, else by lookup.
     pin_result p{0, pin_state::miss};
-    if (lane == leader && in_range) p = a_.cache.pin(key, false);
+    if (lane == leader && in_range) p = key == key_ ? a_.cache.pin_slot(slot_, key) : a_.cache.pin(key, false);
     const unsigned state = __shfl_sync(mask, static_cast<unsigned>(p.state), leader);
     if (__all_sync(mask, in_range && state == static_cast<unsigned>(pin_state::hit))) {
+      const std::uint32_t slot = __shfl_sync(mask, p.slot, leader);
+      const T v = load_page(a_.element(slot, i));
+      const unsigned token = __reduce_or_sync(mask, dependency_token(first_word(v), a_.cache.zero));
+      if (lane == leader) a_.cache.release_read(p.slot, token);
       key_ = key;
-      slot_ = __shfl_sync(mask, p.slot, leader);
-      owner_ = lane == leader;
-      return load_page(a_.element(slot_, i));
+      slot_ = slot;
+      return v;
     }
-    return move_slow(i, mask, leader, p);
+    std::uint32_t slot = ~0u;
+    const T v = a_.access_slow(i, nullptr, mask, peers, leader, p, &slot);
+    key_ = slot == ~0u ? ~0ull : key;
+    slot_ = slot;
+    return v;
   }
+  //! Forget the remembered slots (nothing is held; kept for symmetry).
+  BAM_DEVICE void release() { key_ = ~0ull; }
 
-  BAM_DEVICE BAM_NOINLINE T move_slow(std::uint64_t i, unsigned mask, unsigned leader, pin_result p) {
-    using namespace detail;
-    const unsigned lane = lane_id();
-    const bool in_range = i < a_.n;
-    const std::uint64_t key = in_range ? a_.key_of(i) : ~0ull;
-    page_request r;
-    if (lane == leader && in_range) {
-      r.key = key;
-      r.slot = p.slot;
-      r.phase = phase_after(p.state);
-    }
-    T result{};
-    unsigned todo = mask;
-    for (;;) {
-      if (__any_sync(mask, !r.settled())) a_.cache.resolve(r, mask, true);
-      const unsigned ph = __shfl_sync(mask, static_cast<unsigned>(r.phase), leader);
-      const std::uint32_t slot = __shfl_sync(mask, r.slot, leader);
-      const std::uint16_t st = static_cast<std::uint16_t>(__shfl_sync(mask, static_cast<unsigned>(r.status), leader));
-      const bool hit = ph == static_cast<unsigned>(page_phase::hit);
-      const bool now = ((todo >> lane) & 1u) && (!in_range || hit || ph == static_cast<unsigned>(page_phase::failed));
-      if (now) {
-        if (!in_range) a_.fail(nvme::status_out_of_range, i);
-        else if (!hit) {
-          if (lane == leader) a_.fail(nvme::status(st), i);
-        } else result = load_uncached(a_.element(slot, i));
-      }
-      todo &= ~__ballot_sync(mask, now);
-      // Keep the pages only when nothing is left to wait for (a warp never
-      // waits while it holds a page).
-      const bool keep = todo == 0;
-      const unsigned token = __reduce_or_sync(mask, now && hit ? dependency_token(first_word(result), a_.cache.zero) : 0u);
-      if (now && in_range && hit) {
-        if (keep) {
-          key_ = key;
-          slot_ = slot;
-          owner_ = lane == leader;
-        } else if (lane == leader) {
-          a_.cache.release_read(r.slot, token);
-        }
-      }
-      if (now && lane == leader) r.phase = page_phase::idle;
-      if (todo == 0) return result;
-    }
-  }
-
+private:
   array_ref<T> a_;
-  std::uint64_t key_ = ~0ull; //!< the page this lane uses, if held by its group
-  std::uint32_t slot_ = 0;
-  bool owner_ = false; //!< this lane holds the group's pin
+  std::uint64_t key_ = ~0ull; //!< this lane's last page ...
+  std::uint32_t slot_ = 0;    //!< ... and the slot it was read from
 };
 
 } // namespace bam

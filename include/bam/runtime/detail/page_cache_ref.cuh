@@ -177,6 +177,9 @@ struct page_cache_ref {
   //! The hit path: pin the page of `key` if it is in the cache (one round
   //! trip to read its set, one atomic add). No page_request, no fence.
   BAM_DEVICE pin_result pin(std::uint64_t key, bool for_write) const;
+  //! Pin `slot` for reading if it still holds the valid page of `key` (one
+  //! atomic, no lookup): hit, or retry (nothing held) when it does not.
+  BAM_DEVICE pin_result pin_slot(std::uint32_t slot, std::uint64_t key) const;
   //! `pin` for a request: sets `r.phase` to hit, pinned_wait (another lane
   //! loads it) or lookup (retry, or a miss: returns false).
   BAM_DEVICE bool try_pin(detail::page_request& r) const;
@@ -243,6 +246,20 @@ BAM_DEVICE inline pin_result page_cache_ref::pin(std::uint64_t key, bool for_wri
   return {0, pin_state::miss};
 }
 
+BAM_DEVICE inline pin_result page_cache_ref::pin_slot(std::uint32_t slot, std::uint64_t key) const {
+  using namespace detail;
+  dev_atomic<std::uint64_t> st(slots[slot]);
+  const std::uint64_t old = st.fetch_add(1, cuda::memory_order_relaxed);
+  if ((old >> slot_tag_shift) != key + 1 || (old & (slot_valid | slot_error)) != slot_valid ||
+      (old & slot_pin_mask) == slot_pin_mask) {
+    st.fetch_sub(1, cuda::memory_order_relaxed);
+    return {0, pin_state::retry};
+  }
+  if ((old & slot_referenced) == 0) st.fetch_or(slot_referenced, cuda::memory_order_relaxed);
+  // The data is read only after the pin is in place (see `pin`).
+  return {slot + dependency_token(static_cast<unsigned>(old), zero), pin_state::hit};
+}
+
 BAM_DEVICE inline bool page_cache_ref::try_pin(detail::page_request& r) const {
   const pin_result p = pin(r.key, r.for_write);
   switch (p.state) {
@@ -301,10 +318,15 @@ BAM_DEVICE inline bool page_cache_ref::claim_victim(detail::page_request& r) con
   } keep_hand{hand_ref, hand};
   std::int64_t dirty = -1;
   bool waitable = false; // something will free up: pinned or busy slots
+  bool lost = false;     // a slot a timed-out load may still land in: never reused
   for (std::uint32_t i = 0; i < 2 * ways; ++i) {
     const std::uint64_t s = base + hand++ % ways;
     dev_atomic<std::uint64_t> st(slots[s]);
     std::uint64_t word = st.load(cuda::memory_order_relaxed);
+    if ((word & (slot_pin_mask | slot_busy | slot_error)) == (slot_busy | slot_error)) {
+      lost = true;
+      continue;
+    }
     if ((word & slot_pin_mask) != 0 || (word & slot_busy) != 0) {
       waitable = true;
       continue;
@@ -347,10 +369,13 @@ BAM_DEVICE inline bool page_cache_ref::claim_victim(detail::page_request& r) con
     return false;
   }
   if (!waitable) {
-    // Every way holds a page whose write-back failed: nothing will free up
-    // until a flush succeeds. Say so instead of waiting.
+    // Every way holds a page whose write-back failed (nothing frees up until
+    // a flush succeeds), or a load that timed out may still land in it (never
+    // reused). Say so at once: waiting would cost every later miss on the
+    // set a whole deadline, one after another.
     pass_turn(r);
-    r.status = nvme::status(nvme::status_type::media_error, nvme::media_status::write_fault).raw;
+    r.status = lost ? nvme::status_timeout.raw
+                    : nvme::status(nvme::status_type::media_error, nvme::media_status::write_fault).raw;
     r.phase = page_phase::failed;
     return true;
   }
