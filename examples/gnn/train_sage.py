@@ -1,0 +1,433 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Train GraphSAGE on a bam-gnn dataset, with the node features read three
+ways in one run, from the same seed:
+
+  bam      a bam.Array on a device string (default emu-gpu:ram), served to the
+           model by bam.torch_geometric.FeatureStore
+  memory   the whole table in the torch device's memory (GPU memory: the upper bound)
+  memmap   a numpy.memmap of the feature file, rows gathered by the CPU and
+           copied over (what users do when the table does not fit)
+
+Each mode trains the same model on the same mini-batches; the script checks
+that every mode gathered the same rows (the first batches against the
+memmap), and reports epoch time split into sampling, gathering and
+training, accuracy, and each mode's epoch time relative to `memory`.
+
+    bam-gnn make /data/g --nodes 1000000 --degree 15            # the dataset tool
+    python examples/gnn/train_sage.py /data/g --epochs 3 --json sage.json
+
+Labels: --labels FILE.npy (one integer class per node), or derived from the
+features (the argmax of a fixed random projection into --classes classes),
+so that any dataset the tool makes can be trained on and the accuracy means
+something. Neighbours are sampled uniformly with replacement on the torch
+device (fanouts per layer, as PyTorch Geometric's NeighborLoader does),
+de-duplicated with torch.unique.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+try:
+    import torch
+    import torch.nn.functional as F
+    from torch_geometric.nn import SAGEConv
+except ImportError as e:  # pragma: no cover - depends on what is installed
+    sys.exit(f"train_sage.py needs torch and torch_geometric (pip install torch torch_geometric): {e}")
+
+MODES = ("bam", "memory", "memmap")
+NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "float64": np.float64}
+
+
+def fail(msg: str) -> None:
+    sys.exit(f"train_sage.py: {msg}")
+
+
+# ---- the dataset -------------------------------------------------------------
+
+
+@dataclass
+class Dataset:
+    root: str
+    nodes: int
+    dim: int
+    dtype: np.dtype
+    features_file: str
+    features_offset: int
+    indptr: np.ndarray
+    indices: np.ndarray
+    placement: Optional[dict]
+
+    def memmap(self) -> np.memmap:
+        return np.memmap(self.features_file, dtype=self.dtype, mode="r", offset=self.features_offset,
+                         shape=(self.nodes, self.dim))
+
+    @property
+    def row_bytes(self) -> int:
+        return self.dim * self.dtype.itemsize
+
+
+def open_dataset(root: str) -> Dataset:
+    path = os.path.join(root, "manifest.json")
+    try:
+        with open(path) as f:
+            m = json.load(f)
+    except OSError as e:
+        fail(f"{path}: {e.strerror} (make a dataset with `bam-gnn make DIR` or import one with `bam-gnn import`)")
+    if m.get("format") != "bam-gnn-dataset":
+        fail(f"{path}: not a bam-gnn dataset manifest")
+    feats = m["features"]
+    if feats["dtype"] not in NUMPY_DTYPES:
+        fail(f"{path}: feature dtype {feats['dtype']} is not one of {', '.join(NUMPY_DTYPES)}")
+    graph = m["graph"]
+    indptr = np.load(os.path.join(root, graph["indptr"]["file"]))
+    indices = np.load(os.path.join(root, graph["indices"]["file"]))
+    nodes = int(m["nodes"])
+    if indptr.shape != (nodes + 1,) or int(indptr[-1]) != indices.shape[0]:
+        fail(f"{root}: the CSR arrays do not match the manifest ({nodes} nodes, {indices.shape[0]} edges)")
+    ffile = feats["file"]
+    if not os.path.isabs(ffile):
+        ffile = os.path.join(root, ffile)
+    ds = Dataset(root, nodes, int(feats["dim"]), np.dtype(NUMPY_DTYPES[feats["dtype"]]), ffile,
+                 int(feats.get("file_offset", 0)), indptr.astype(np.int64, copy=False), indices, m.get("device"))
+    need = ds.features_offset + ds.nodes * ds.row_bytes
+    if os.path.getsize(ffile) < need:
+        fail(f"{ffile}: {os.path.getsize(ffile)} bytes, the manifest needs {need}")
+    return ds
+
+
+def make_labels(ds: Dataset, classes: int, seed: int, path: Optional[str]) -> np.ndarray:
+    if path:
+        y = np.load(path)
+        if y.shape != (ds.nodes,) or not np.issubdtype(y.dtype, np.integer):
+            fail(f"{path}: labels must be one integer per node ({ds.nodes}), got {y.dtype} {y.shape}")
+        return y.astype(np.int64)
+    proj = np.random.default_rng(seed).standard_normal((ds.dim, classes)).astype(np.float32)
+    mm = ds.memmap()
+    y = np.empty(ds.nodes, dtype=np.int64)
+    step = max(1, (64 << 20) // ds.row_bytes)
+    for lo in range(0, ds.nodes, step):
+        hi = min(ds.nodes, lo + step)
+        y[lo:hi] = np.argmax(np.asarray(mm[lo:hi], dtype=np.float32) @ proj, axis=1)
+    return y
+
+
+# ---- sampling ----------------------------------------------------------------
+
+
+@dataclass
+class Subgraph:
+    n_id: torch.Tensor        # global ids of every sampled node (sorted, unique)
+    edge_index: torch.Tensor  # [2, E] local ids, messages flow source -> target
+    seed_pos: torch.Tensor    # local ids of the seeds, in seed order
+
+
+def sample(seeds: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor, fanouts: List[int],
+           gen: torch.Generator) -> Subgraph:
+    """Uniform neighbour sampling with replacement, hop by hop from the seeds."""
+    frontier = seeds
+    src: List[torch.Tensor] = []
+    dst: List[torch.Tensor] = []
+    for k in fanouts:
+        start = indptr[frontier]
+        deg = indptr[frontier + 1] - start
+        has = deg > 0
+        f, start, deg = frontier[has], start[has], deg[has]
+        if f.numel() == 0:
+            break
+        r = (torch.rand((f.numel(), k), generator=gen, device=f.device) * deg[:, None]).long()
+        nbr = indices[(start[:, None] + r).reshape(-1)].long()
+        src.append(nbr)
+        dst.append(f.repeat_interleave(k))
+        frontier = torch.unique(nbr)
+    everything = torch.cat([seeds] + src + dst)
+    n_id, inverse = torch.unique(everything, return_inverse=True)
+    b, e = seeds.numel(), sum(s.numel() for s in src)
+    edge_index = torch.stack([inverse[b:b + e], inverse[b + e:]]) if e else inverse.new_empty((2, 0))
+    return Subgraph(n_id, edge_index, inverse[:b])
+
+
+# ---- the model -----------------------------------------------------------------
+
+
+class SAGE(torch.nn.Module):
+    def __init__(self, dim: int, hidden: int, classes: int, layers: int) -> None:
+        super().__init__()
+        sizes = [dim] + [hidden] * (layers - 1) + [classes]
+        self.convs = torch.nn.ModuleList(SAGEConv(a, b) for a, b in zip(sizes[:-1], sizes[1:]))
+
+    def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        for i, conv in enumerate(self.convs):
+            x = conv(x, edge_index)
+            if i + 1 < len(self.convs):
+                x = F.relu(x)
+        return x
+
+
+# ---- feature sources -------------------------------------------------------------
+
+
+@dataclass
+class Source:
+    name: str
+    gather: Callable[[torch.Tensor], torch.Tensor]  # global ids (torch device) -> rows (torch device, float32)
+    setup_s: float
+    detail: Dict[str, object] = field(default_factory=dict)
+    stats: Optional[Callable[[], Dict[str, int]]] = None
+
+
+def memory_source(ds: Dataset, device: torch.device) -> Source:
+    t0 = time.perf_counter()
+    mm = ds.memmap()
+    table = torch.empty((ds.nodes, ds.dim), dtype=torch.float32, device=device)
+    step = max(1, (256 << 20) // ds.row_bytes)
+    for lo in range(0, ds.nodes, step):
+        hi = min(ds.nodes, lo + step)
+        table[lo:hi] = torch.from_numpy(np.asarray(mm[lo:hi], dtype=np.float32)).to(device)
+    return Source("memory", lambda ids: table[ids], time.perf_counter() - t0,
+                  {"where": f"{device} memory", "bytes": table.numel() * 4})
+
+
+def memmap_source(ds: Dataset, device: torch.device) -> Source:
+    mm = ds.memmap()
+
+    def gather(ids: torch.Tensor) -> torch.Tensor:
+        rows = torch.from_numpy(np.asarray(mm[ids.cpu().numpy()], dtype=np.float32))
+        if device.type == "cuda":
+            rows = rows.pin_memory()
+        return rows.to(device, non_blocking=True)
+
+    return Source("memmap", gather, 0.0, {"where": ds.features_file})
+
+
+def bam_source(ds: Dataset, args: argparse.Namespace) -> Source:
+    try:
+        import bam
+        from bam.torch_geometric import FeatureStore
+    except ImportError as e:
+        fail(f"mode bam needs the bam package (pip install ./python): {e}")
+    if ds.dtype != np.float32:
+        fail("mode bam: this example reads float32 features")
+    t0 = time.perf_counter()
+    table_bytes = ds.nodes * ds.row_bytes
+    device = args.device or f"emu-gpu:ram={max(64, math.ceil(table_bytes / (1 << 20)) + 1)}M"
+    storage = bam.open(device)
+    placed = ds.placement
+    in_process = device.startswith("emu-gpu:") or device.startswith("emu:ram")
+    if placed and placed.get("device") == device and not in_process:
+        offset = int(placed["offset"])
+        how = f"the table the dataset tool wrote at byte {offset}"
+    else:
+        offset = 0
+        r = bam.load(ds.memmap(), storage, offset=0, progress=not args.quiet)
+        how = f"loaded before training ({r.bytes} bytes)"
+    cache = bam.PageCache(page_size=args.page_size, capacity=args.cache_mib << 20)
+    array = bam.Array(cache, storage, (ds.nodes, ds.dim), "float32", offset)
+    store = FeatureStore()
+    store.add(array, group_name="node", attr_name="x")
+    if not args.quiet:
+        print(f"bam: features on {device}: {how}; cache {args.cache_mib} MiB of {args.page_size}-byte pages")
+    return Source("bam", lambda ids: store["node", "x", ids], time.perf_counter() - t0,
+                  {"device": device, "cache_mib": args.cache_mib, "page_size": args.page_size, "placement": how},
+                  cache.stats)
+
+
+# ---- training --------------------------------------------------------------------
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_mode(src: Source, ds: Dataset, graph, labels: torch.Tensor, splits, args, device, reference) -> dict:
+    indptr, indices = graph
+    train_ids, val_ids = splits
+    torch.manual_seed(args.seed)
+    model = SAGE(ds.dim, args.hidden, args.classes, len(args.fanouts)).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    gen = torch.Generator(device=device)
+    epochs = []
+    checked = 0
+    gathered_bytes = 0
+    for epoch in range(args.epochs):
+        gen.manual_seed(args.seed * 1000 + epoch)
+        order = train_ids[torch.randperm(train_ids.numel(), generator=gen, device=device)]
+        t = {"sample": 0.0, "gather": 0.0, "train": 0.0}
+        losses = []
+        model.train()
+        sync(device)
+        e0 = time.perf_counter()
+        batches = range(0, order.numel(), args.batch_size)
+        for bi, lo in enumerate(batches):
+            seeds = order[lo:lo + args.batch_size]
+            a = time.perf_counter()
+            sg = sample(seeds, indptr, indices, args.fanouts, gen)
+            sync(device)
+            b = time.perf_counter()
+            x = src.gather(sg.n_id)
+            sync(device)
+            c = time.perf_counter()
+            gathered_bytes += sg.n_id.numel() * ds.row_bytes
+            if checked < args.check_batches:
+                want = reference(sg.n_id)
+                if not torch.equal(x.cpu(), want.cpu()):
+                    bad = (x.cpu() != want.cpu()).any(dim=1).nonzero().reshape(-1)
+                    fail(f"mode {src.name}: batch {bi} of epoch {epoch}: {bad.numel()} of {x.shape[0]} gathered "
+                         f"rows differ from the feature file (first: node {int(sg.n_id[bad[0]])})")
+                checked += 1
+            opt.zero_grad()
+            out = model(x, sg.edge_index)[sg.seed_pos]
+            loss = F.cross_entropy(out, labels[seeds])
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+            sync(device)
+            d = time.perf_counter()
+            t["sample"] += b - a
+            t["gather"] += c - b
+            t["train"] += d - c
+            if not args.quiet and (bi + 1) % args.progress_every == 0:
+                print(f"  {src.name}: epoch {epoch} batch {bi + 1}/{len(batches)}", flush=True)
+        sync(device)
+        seconds = time.perf_counter() - e0
+        acc = evaluate(model, src, val_ids, labels, graph, args, device)
+        loss = float(torch.stack(losses).mean())
+        epochs.append({"epoch": epoch, "seconds": seconds, **{f"{k}_s": v for k, v in t.items()},
+                       "loss": loss, "val_accuracy": acc})
+        if not args.quiet:
+            print(f"{src.name:>7} epoch {epoch}: {seconds:7.2f} s (sample {t['sample']:.2f}, gather "
+                  f"{t['gather']:.2f}, train {t['train']:.2f}), loss {loss:.4f}, val accuracy {acc:.4f}", flush=True)
+    steady = [e["seconds"] for e in epochs[1:]] or [epochs[0]["seconds"]]
+    res = {"mode": src.name, "setup_s": src.setup_s, "epochs": epochs, "epoch_s": float(np.median(steady)),
+           "final_val_accuracy": epochs[-1]["val_accuracy"], "gathered_bytes": gathered_bytes,
+           "gather_GB_per_s": gathered_bytes / max(1e-9, sum(e["gather_s"] for e in epochs)) / 1e9,
+           "checked_batches": checked, **src.detail}
+    if src.stats is not None:
+        res["cache_stats"] = src.stats()
+    return res
+
+
+@torch.no_grad()
+def evaluate(model, src: Source, val_ids, labels, graph, args, device) -> float:
+    model.eval()
+    gen = torch.Generator(device=device)
+    gen.manual_seed(args.seed + 7)
+    right = 0
+    for lo in range(0, val_ids.numel(), args.batch_size):
+        seeds = val_ids[lo:lo + args.batch_size]
+        sg = sample(seeds, graph[0], graph[1], args.fanouts, gen)
+        out = model(src.gather(sg.n_id), sg.edge_index)[sg.seed_pos]
+        right += int((out.argmax(dim=1) == labels[seeds]).sum())
+    return right / max(1, val_ids.numel())
+
+
+def commit_of(path: str) -> str:
+    try:
+        return subprocess.run(["git", "-C", path, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("BAM_COMMIT", "unknown")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dataset", help="a bam-gnn dataset directory (manifest.json, indptr.npy, indices.npy, features)")
+    p.add_argument("--features", default="bam,memory,memmap", help="modes to run, in order (bam, memory, memmap)")
+    p.add_argument("--device", help="bam's device string (default: emu-gpu:ram sized to the table)")
+    p.add_argument("--cache-mib", type=int, default=1024, help="bam's page cache")
+    p.add_argument("--page-size", type=int, default=4096, help="bam's cache page size")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=1024)
+    p.add_argument("--fanouts", default="15,10,5", help="neighbours sampled per layer")
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--classes", type=int, default=16, help="classes of the labels derived from the features")
+    p.add_argument("--labels", help="labels.npy: one integer class per node (default: derived from the features)")
+    p.add_argument("--train-nodes", type=int, default=100_000, help="training nodes (drawn at random)")
+    p.add_argument("--val-nodes", type=int, default=10_000, help="validation nodes (drawn at random)")
+    p.add_argument("--check-batches", type=int, default=2, help="batches per mode checked against the feature file")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--torch-device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--progress-every", type=int, default=50, help="a progress line every N batches")
+    p.add_argument("--json", help="write the results here")
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args(argv)
+
+    modes = [m.strip() for m in args.features.split(",") if m.strip()]
+    for m in modes:
+        if m not in MODES:
+            fail(f"--features: unknown mode {m!r} (modes: {', '.join(MODES)})")
+    try:
+        args.fanouts = [int(k) for k in args.fanouts.split(",")]
+    except ValueError:
+        fail(f"--fanouts: {args.fanouts!r} is not a comma-separated list of integers")
+    if not args.fanouts or min(args.fanouts) < 1:
+        fail("--fanouts: give at least one layer, each at least 1")
+    device = torch.device(args.torch_device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        fail("--torch-device cuda: torch sees no CUDA GPU (--torch-device cpu runs the memory and memmap modes)")
+    if "bam" in modes and device.type != "cuda":
+        fail("mode bam gathers on a CUDA GPU; without one, run --features memory,memmap --torch-device cpu")
+
+    ds = open_dataset(args.dataset)
+    rng = np.random.default_rng(args.seed)
+    perm = rng.permutation(ds.nodes)
+    n_train = min(args.train_nodes, ds.nodes // 2)
+    n_val = min(args.val_nodes, ds.nodes - n_train)
+    splits = (torch.from_numpy(perm[:n_train]).to(device), torch.from_numpy(perm[n_train:n_train + n_val]).to(device))
+    labels = torch.from_numpy(make_labels(ds, args.classes, args.seed, args.labels)).to(device)
+    args.classes = max(args.classes, int(labels.max()) + 1)
+    graph = (torch.from_numpy(ds.indptr).to(device), torch.from_numpy(ds.indices).to(device))
+    mm = ds.memmap()
+
+    def reference(ids: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(np.asarray(mm[ids.cpu().numpy()], dtype=np.float32))
+
+    if not args.quiet:
+        print(f"dataset {ds.root}: {ds.nodes} nodes, {ds.indices.shape[0]} edges, {ds.dim} x {ds.dtype.name} features "
+              f"({ds.nodes * ds.row_bytes / 2**30:.2f} GiB); {n_train} training and {n_val} validation nodes, "
+              f"fanouts {args.fanouts}, batch {args.batch_size}, on {device}")
+    results = []
+    for m in modes:
+        src = bam_source(ds, args) if m == "bam" else memory_source(ds, device) if m == "memory" else memmap_source(ds, device)
+        results.append(run_mode(src, ds, graph, labels, splits, args, device, reference))
+        del src
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    base = next((r for r in results if r["mode"] == "memory"), None)
+    print(f"\n{'mode':>7} {'epoch s':>9} {'vs memory':>10} {'gather GB/s':>12} {'val acc':>8}")
+    for r in results:
+        ratio = f"{r['epoch_s'] / base['epoch_s']:.2f}x" if base else "-"
+        print(f"{r['mode']:>7} {r['epoch_s']:9.3f} {ratio:>10} {r['gather_GB_per_s']:12.2f} {r['final_val_accuracy']:8.4f}")
+    if args.json:
+        out = {"benchmark": "train_sage", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+               "commit": commit_of(os.path.dirname(os.path.abspath(__file__))), "torch": torch.__version__,
+               "machine": platform.node(), "torch_device": str(device),
+               "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+               "dataset": {"path": os.path.abspath(ds.root), "nodes": ds.nodes, "edges": int(ds.indices.shape[0]),
+                           "dim": ds.dim, "dtype": ds.dtype.name},
+               "settings": {k: getattr(args, k) for k in ("epochs", "batch_size", "fanouts", "hidden", "lr", "classes",
+                                                          "train_nodes", "val_nodes", "seed", "cache_mib", "page_size")},
+               "results": results}
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
