@@ -17,6 +17,13 @@ training, accuracy, and each mode's epoch time relative to `memory`.
     bam-gnn make /data/g --nodes 1000000 --degree 15            # the dataset tool
     python examples/gnn/train_sage.py /data/g --epochs 3 --json sage.json
 
+Several GPUs: one process per GPU with torchrun (torch.distributed, NCCL on
+GPUs, gloo on the CPU). Each process opens the storage and makes its own page
+cache over it, trains on its share of every epoch's mini-batches, and the
+gradients are averaged (DistributedDataParallel):
+
+    torchrun --standalone --nproc-per-node 2 examples/gnn/train_sage.py /data/g --device /dev/bam-nvme0
+
 Labels: --labels FILE.npy (one integer class per node), or derived from the
 features (the argmax of a fixed random projection into --classes classes),
 so that any dataset the tool makes can be trained on and the accuracy means
@@ -196,7 +203,7 @@ def memory_source(ds: Dataset, device: torch.device) -> Source:
     step = max(1, (256 << 20) // ds.row_bytes)
     for lo in range(0, ds.nodes, step):
         hi = min(ds.nodes, lo + step)
-        table[lo:hi] = torch.from_numpy(np.asarray(mm[lo:hi], dtype=np.float32)).to(device)
+        table[lo:hi] = torch.from_numpy(np.array(mm[lo:hi], dtype=np.float32)).to(device)
     return Source("memory", lambda ids: table[ids], time.perf_counter() - t0,
                   {"where": f"{device} memory", "bytes": table.numel() * 4})
 
@@ -253,11 +260,46 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_mode(src: Source, ds: Dataset, graph, labels: torch.Tensor, splits, args, device, reference) -> dict:
+@dataclass
+class Dist:
+    """This process's place among those torchrun started (rank 0 of 1 without it)."""
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def on(self) -> bool:
+        return self.world > 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def reduce(self, values: List[float], op: str, device: torch.device) -> List[float]:
+        if not self.on:
+            return values
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX if op == "max" else torch.distributed.ReduceOp.SUM)
+        return t.tolist()
+
+
+def init_dist(torch_device: str) -> Dist:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return Dist()
+    backend = "nccl" if torch_device == "cuda" else "gloo"
+    torch.distributed.init_process_group(backend=backend)
+    return Dist(torch.distributed.get_rank(), torch.distributed.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def run_mode(src: Source, ds: Dataset, graph, labels: torch.Tensor, splits, args, device, reference,
+             dist: Dist) -> dict:
     indptr, indices = graph
     train_ids, val_ids = splits
     torch.manual_seed(args.seed)
     model = SAGE(ds.dim, args.hidden, args.classes, len(args.fanouts)).to(device)
+    if dist.on:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     gen = torch.Generator(device=device)
     epochs = []
@@ -266,6 +308,11 @@ def run_mode(src: Source, ds: Dataset, graph, labels: torch.Tensor, splits, args
     for epoch in range(args.epochs):
         gen.manual_seed(args.seed * 1000 + epoch)
         order = train_ids[torch.randperm(train_ids.numel(), generator=gen, device=device)]
+        if dist.on:
+            # Every process the same number of batches: its share of the epoch's order.
+            share = order.numel() // dist.world
+            order = order[dist.rank * share:(dist.rank + 1) * share]
+        gen.manual_seed(args.seed * 1000 + epoch + 7919 * dist.rank)
         t = {"sample": 0.0, "gather": 0.0, "train": 0.0}
         losses = []
         model.train()
@@ -300,30 +347,34 @@ def run_mode(src: Source, ds: Dataset, graph, labels: torch.Tensor, splits, args
             t["sample"] += b - a
             t["gather"] += c - b
             t["train"] += d - c
-            if not args.quiet and (bi + 1) % args.progress_every == 0:
+            if not args.quiet and dist.main and (bi + 1) % args.progress_every == 0:
                 print(f"  {src.name}: epoch {epoch} batch {bi + 1}/{len(batches)}", flush=True)
         sync(device)
-        seconds = time.perf_counter() - e0
-        acc = evaluate(model, src, val_ids, labels, graph, args, device)
-        loss = float(torch.stack(losses).mean())
+        seconds = dist.reduce([time.perf_counter() - e0], "max", device)[0]
+        acc = evaluate(model, src, val_ids, labels, graph, args, device, dist)
+        loss = dist.reduce([float(torch.stack(losses).mean())], "sum", device)[0] / dist.world
         epochs.append({"epoch": epoch, "seconds": seconds, **{f"{k}_s": v for k, v in t.items()},
                        "loss": loss, "val_accuracy": acc})
-        if not args.quiet:
+        if not args.quiet and dist.main:
             print(f"{src.name:>7} epoch {epoch}: {seconds:7.2f} s (sample {t['sample']:.2f}, gather "
                   f"{t['gather']:.2f}, train {t['train']:.2f}), loss {loss:.4f}, val accuracy {acc:.4f}", flush=True)
+    gathered_bytes = int(dist.reduce([gathered_bytes], "sum", device)[0])
     steady = [e["seconds"] for e in epochs[1:]] or [epochs[0]["seconds"]]
     res = {"mode": src.name, "setup_s": src.setup_s, "epochs": epochs, "epoch_s": float(np.median(steady)),
            "final_val_accuracy": epochs[-1]["val_accuracy"], "gathered_bytes": gathered_bytes,
            "gather_GB_per_s": gathered_bytes / max(1e-9, sum(e["gather_s"] for e in epochs)) / 1e9,
-           "checked_batches": checked, **src.detail}
+           "checked_batches": checked, "processes": dist.world, **src.detail}
     if src.stats is not None:
         res["cache_stats"] = src.stats()
     return res
 
 
 @torch.no_grad()
-def evaluate(model, src: Source, val_ids, labels, graph, args, device) -> float:
+def evaluate(model, src: Source, val_ids, labels, graph, args, device, dist: Dist) -> float:
     model.eval()
+    if dist.on:
+        model = model.module  # no gradient sync while evaluating
+        val_ids = val_ids[dist.rank::dist.world]
     gen = torch.Generator(device=device)
     gen.manual_seed(args.seed + 7)
     right = 0
@@ -332,7 +383,8 @@ def evaluate(model, src: Source, val_ids, labels, graph, args, device) -> float:
         sg = sample(seeds, graph[0], graph[1], args.fanouts, gen)
         out = model(src.gather(sg.n_id), sg.edge_index)[sg.seed_pos]
         right += int((out.argmax(dim=1) == labels[seeds]).sum())
-    return right / max(1, val_ids.numel())
+    right, total = dist.reduce([right, val_ids.numel()], "sum", device)
+    return right / max(1, total)
 
 
 def commit_of(path: str) -> str:
@@ -377,11 +429,22 @@ def main(argv: Optional[List[str]] = None) -> int:
         fail(f"--fanouts: {args.fanouts!r} is not a comma-separated list of integers")
     if not args.fanouts or min(args.fanouts) < 1:
         fail("--fanouts: give at least one layer, each at least 1")
-    device = torch.device(args.torch_device)
-    if device.type == "cuda" and not torch.cuda.is_available():
+    if args.torch_device not in ("cuda", "cpu"):
+        fail(f"--torch-device: cuda or cpu, not {args.torch_device!r}")
+    if args.torch_device == "cuda" and not torch.cuda.is_available():
         fail("--torch-device cuda: torch sees no CUDA GPU (--torch-device cpu runs the memory and memmap modes)")
-    if "bam" in modes and device.type != "cuda":
+    if "bam" in modes and args.torch_device != "cuda":
         fail("mode bam gathers on a CUDA GPU; without one, run --features memory,memmap --torch-device cpu")
+    dist = init_dist(args.torch_device)
+    if args.torch_device == "cuda":
+        if dist.on and dist.local_rank >= torch.cuda.device_count():
+            fail(f"process {dist.rank}: local rank {dist.local_rank}, but torch sees {torch.cuda.device_count()} GPU(s)")
+        torch.cuda.set_device(dist.local_rank)
+        device = torch.device("cuda", dist.local_rank)
+    else:
+        device = torch.device("cpu")
+    if dist.on and not dist.main:
+        args.quiet = True
 
     ds = open_dataset(args.dataset)
     rng = np.random.default_rng(args.seed)
@@ -398,17 +461,23 @@ def main(argv: Optional[List[str]] = None) -> int:
         return torch.from_numpy(np.asarray(mm[ids.cpu().numpy()], dtype=np.float32))
 
     if not args.quiet:
+        procs = f", {dist.world} processes" if dist.on else ""
         print(f"dataset {ds.root}: {ds.nodes} nodes, {ds.indices.shape[0]} edges, {ds.dim} x {ds.dtype.name} features "
               f"({ds.nodes * ds.row_bytes / 2**30:.2f} GiB); {n_train} training and {n_val} validation nodes, "
-              f"fanouts {args.fanouts}, batch {args.batch_size}, on {device}")
+              f"fanouts {args.fanouts}, batch {args.batch_size}, on {device}{procs}")
     results = []
     for m in modes:
         src = bam_source(ds, args) if m == "bam" else memory_source(ds, device) if m == "memory" else memmap_source(ds, device)
-        results.append(run_mode(src, ds, graph, labels, splits, args, device, reference))
+        results.append(run_mode(src, ds, graph, labels, splits, args, device, reference, dist))
         del src
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
+    if dist.on:
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+        if not dist.main:
+            return 0
     base = next((r for r in results if r["mode"] == "memory"), None)
     print(f"\n{'mode':>7} {'epoch s':>9} {'vs memory':>10} {'gather GB/s':>12} {'val acc':>8}")
     for r in results:
@@ -417,7 +486,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.json:
         out = {"benchmark": "train_sage", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
                "commit": commit_of(os.path.dirname(os.path.abspath(__file__))), "torch": torch.__version__,
-               "machine": platform.node(), "torch_device": str(device),
+               "machine": platform.node(), "torch_device": str(device), "processes": dist.world,
                "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                "dataset": {"path": os.path.abspath(ds.root), "nodes": ds.nodes, "edges": int(ds.indices.shape[0]),
                            "dim": ds.dim, "dtype": ds.dtype.name},

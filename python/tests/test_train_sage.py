@@ -72,6 +72,26 @@ def test_memory_and_memmap_train_alike_on_the_cpu(tmp_path):
     assert "vs memory" in text
 
 
+def test_two_processes_share_the_epochs_and_agree(tmp_path):
+    """torchrun with two processes on the CPU (gloo): each trains on its share
+    of every epoch; the reported accuracy and losses are the processes' together."""
+    write_dataset(tmp_path)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", SCRIPT,
+           str(tmp_path), "--features", "memory,memmap", "--torch-device", "cpu", "--epochs", "4", "--batch-size",
+           "128", "--fanouts", "5,5", "--hidden", "32", "--classes", "4", "--train-nodes", "1500", "--val-nodes",
+           "1000", "--lr", "0.01", "--json", str(tmp_path / "r.json"), "--quiet"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with open(tmp_path / "r.json") as f:
+        res = json.load(f)
+    assert res["processes"] == 2
+    by = {x["mode"]: x for x in res["results"]}
+    for x in by.values():
+        assert x["processes"] == 2 and x["checked_batches"] == 2
+        assert x["final_val_accuracy"] > 0.5
+    assert [e["loss"] for e in by["memory"]["epochs"]] == [e["loss"] for e in by["memmap"]["epochs"]]
+
+
 def test_a_short_feature_file_is_refused(tmp_path):
     write_dataset(tmp_path)
     with open(tmp_path / "features.bin", "r+b") as f:
