@@ -169,6 +169,15 @@ TEST_CASE("a set whose slots a timed-out load may still land in fails later miss
     REQUIRE(e.status().has_value());
     CHECK(*e.status() == bam::nvme::status_timeout);
   }
+  // One miss alone (the kernel loaded now): it used to wait out the whole
+  // deadline (200 ms) for a slot that never frees; now it fails at once.
+  const auto t1 = std::chrono::steady_clock::now();
+  page_per_warp_kernel<<<1, 32>>>(a.ref(), 200, 1024);
+  BAM_TEST_SYNC();
+  const double one = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  INFO("one miss on a lost set took " << one * 1e3 << " ms");
+  CHECK(one < 0.1);
+  CHECK_THROWS(a.check());
 }
 
 TEST_CASE("a failed write-back on detach loses nothing: the pages stay, and a later array sees them",
