@@ -20,7 +20,6 @@
 #include <functional>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -55,33 +54,35 @@ public:
   std::optional<nvme::status> status() const noexcept { return ctx_.status; }
   int errnum() const noexcept { return ctx_.errnum; }
 
+  // Plain string building, no iostreams: the text must not depend on the
+  // process's locale machinery (an extension module inside a Python process
+  // that also holds other C++ runtimes crashed in ostream's number output).
   static std::string format(const std::string& what_failed, const error_context& c) {
-    std::ostringstream os;
-    os << "bam: " << what_failed;
+    std::string out = "bam: " + what_failed;
     const char* sep = ": ";
-    auto field = [&](const auto&... parts) {
-      os << sep;
-      (os << ... << parts);
+    auto field = [&](const std::string& part) {
+      out += sep;
+      out += part;
       sep = ", ";
     };
-    if (!c.controller.empty()) field("controller ", c.controller);
-    if (c.queue) field("queue ", *c.queue);
+    if (!c.controller.empty()) field("controller " + c.controller);
+    if (c.queue) field("queue " + std::to_string(*c.queue));
     if (c.opcode) {
       char buf[8];
       std::snprintf(buf, sizeof buf, "0x%02x", *c.opcode);
-      field("opcode ", buf);
+      field(std::string("opcode ") + buf);
     }
-    if (c.cid) field("cid ", *c.cid);
-    if (c.index) field("index ", *c.index);
-    if (c.lba) field("LBA ", *c.lba);
+    if (c.cid) field("cid " + std::to_string(*c.cid));
+    if (c.index) field("index " + std::to_string(*c.index));
+    if (c.lba) field("LBA " + std::to_string(*c.lba));
     if (c.status) {
       char buf[32];
       std::snprintf(buf, sizeof buf, " (sct 0x%x sc 0x%02x)", static_cast<unsigned>(c.status->sct()),
                     c.status->sc());
-      field("status ", nvme::status_name(*c.status), buf);
+      field("status " + std::string(nvme::status_name(*c.status)) + buf);
     }
-    if (c.errnum != 0) field("errno ", c.errnum, " (", std::strerror(c.errnum), ")");
-    return os.str();
+    if (c.errnum != 0) field("errno " + std::to_string(c.errnum) + " (" + std::strerror(c.errnum) + ")");
+    return out;
   }
 
 private:

@@ -14,15 +14,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <future>
 #include <map>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -163,22 +162,59 @@ public:
   //! file describes another load; returns nothing if there is no file.
   std::map<std::uint64_t, std::uint64_t> read_done() const {
     std::map<std::uint64_t, std::uint64_t> done;
-    std::ifstream in(path_);
-    if (!in) return done;
+    // POSIX reads and from_chars: no iostreams (see error::format).
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) return done;
+      dataset_fail("opening the load state file '" + path_ + "'", errno);
+    }
+    std::string text;
+    {
+      struct closer {
+        int fd;
+        ~closer() { ::close(fd); }
+      } guard{fd};
+      char buf[1 << 16];
+      for (;;) {
+        const ssize_t n = ::read(fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) dataset_fail("reading the load state file '" + path_ + "'", errno);
+        if (n == 0) break;
+        text.append(buf, static_cast<std::size_t>(n));
+      }
+    }
+    std::size_t pos = 0;
+    auto next_line = [&](std::string& line) {
+      if (pos >= text.size()) return false;
+      const std::size_t end = text.find('\n', pos);
+      if (end == std::string::npos) { // a torn last line
+        line = text.substr(pos);
+        pos = text.size();
+        return true;
+      }
+      line = text.substr(pos, end - pos);
+      pos = end + 1;
+      return true;
+    };
     std::string line;
-    if (!std::getline(in, line) || line != dataset_state_magic)
+    if (!next_line(line) || line != dataset_state_magic)
       dataset_fail("'" + path_ +
                    "' is not a bam load state file: remove it or pass another state path");
     std::map<std::string, std::string> seen;
-    while (std::getline(in, line)) {
+    while (next_line(line)) {
       const auto sp = line.find(' ');
       if (sp == std::string::npos) continue; // a torn last line
       const std::string key = line.substr(0, sp), value = line.substr(sp + 1);
       if (key == "done") {
-        std::istringstream v(value);
-        std::uint64_t index = 0;
-        std::string h;
-        if (v >> index >> h && h.size() == 16) done[index] = std::stoull(h, nullptr, 16);
+        // "INDEX HASH": a decimal chunk index and 16 hex digits.
+        std::uint64_t index = 0, hash = 0;
+        const char* b = value.data();
+        const char* e = b + value.size();
+        const auto r1 = std::from_chars(b, e, index);
+        if (r1.ec != std::errc{} || r1.ptr == e || *r1.ptr != ' ') continue;
+        const char* h = r1.ptr + 1;
+        const auto r2 = std::from_chars(h, e, hash, 16);
+        if (r2.ec == std::errc{} && r2.ptr == e && e - h == 16) done[index] = hash;
       } else {
         seen[key] = value;
       }
@@ -196,16 +232,19 @@ public:
   //! Start writing: keep the recorded chunks (`keep`) or start a new file.
   void open(const std::map<std::uint64_t, std::uint64_t>& keep) {
     const std::string tmp = path_ + ".tmp";
+    std::string text = std::string(dataset_state_magic) + '\n';
+    for (const auto& [k, v] : header_)
+      text += k + ' ' + v + '\n';
+    for (const auto& [i, h] : keep)
+      text += "done " + std::to_string(i) + ' ' + hex64(h) + '\n';
     {
-      std::ofstream out(tmp, std::ios::trunc);
-      if (!out) dataset_fail("cannot write the load state file '" + tmp + "'", errno);
-      out << dataset_state_magic << '\n';
-      for (const auto& [k, v] : header_)
-        out << k << ' ' << v << '\n';
-      for (const auto& [i, h] : keep)
-        out << "done " << i << ' ' << hex64(h) << '\n';
-      out.flush();
-      if (!out) dataset_fail("writing the load state file '" + tmp + "'", errno);
+      const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (fd < 0) dataset_fail("cannot write the load state file '" + tmp + "'", errno);
+      struct closer {
+        int fd;
+        ~closer() { ::close(fd); }
+      } guard{fd};
+      write_all(fd, text, tmp);
     }
     if (::rename(tmp.c_str(), path_.c_str()) != 0)
       dataset_fail("renaming '" + tmp + "' to '" + path_ + "'", errno);
@@ -218,15 +257,7 @@ public:
     std::string text;
     for (const auto& [i, h] : chunks)
       text += "done " + std::to_string(i) + ' ' + hex64(h) + '\n';
-    const char* p = text.data();
-    std::size_t left = text.size();
-    while (left > 0) {
-      const ssize_t n = ::write(fd_, p, left);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) dataset_fail("appending to the load state file '" + path_ + "'", errno);
-      p += n;
-      left -= static_cast<std::size_t>(n);
-    }
+    write_all(fd_, text, path_);
     (void)::fdatasync(fd_);
   }
 
@@ -237,6 +268,18 @@ public:
   }
 
 private:
+  static void write_all(int fd, const std::string& text, const std::string& path) {
+    const char* p = text.data();
+    std::size_t left = text.size();
+    while (left > 0) {
+      const ssize_t n = ::write(fd, p, left);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) dataset_fail("writing the load state file '" + path + "'", errno);
+      p += n;
+      left -= static_cast<std::size_t>(n);
+    }
+  }
+
   std::string path_;
   std::map<std::string, std::string> header_;
   int fd_ = -1;
