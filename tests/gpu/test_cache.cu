@@ -180,6 +180,109 @@ TEST_CASE("a set whose slots a timed-out load may still land in fails later miss
   CHECK_THROWS(a.check());
 }
 
+TEST_CASE("a page whose flush timed out stays out of use, and misses on its set fail at once instead of "
+          "waiting for it",
+          "[gpu][cache]") {
+  bam::storage s("emu-gpu:hbm=8M,queues=4,depth=16,timeout=200ms");
+  bam_test::fill_pattern(s);
+  // One slot, holding a dirty page.
+  bam::page_cache cache({.page_size = 4096, .capacity = 4096, .ways = 1, .timeout_ns = 200'000'000ull});
+  bam::array<std::uint32_t> a(cache, s, (8ull << 20) / 4);
+  const layout l{0, 4096, 512, 1};
+  device_counters c;
+  pages_kernel<<<1, 1>>>(a.ref(), 0, 1, 1024, true, 5, l, c.ptr());
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(a.check());
+  // Its write-back is never answered: the flush times out, and the write may
+  // still read the slot, so the slot stays busy for good.
+  bam::emu::fault_rule drop;
+  drop.opcode = static_cast<std::uint8_t>(bam::nvme::nvm_opcode::write);
+  drop.count = 0;
+  drop.action = bam::emu::fault_action::drop;
+  auto& faults = s.emu_controllers()[0]->faults();
+  faults.add(drop);
+  CHECK_THROWS(cache.flush());
+  faults.clear();
+  // A miss on that set used to wait a whole deadline (200 ms) for the slot.
+  page_per_warp_kernel<<<1, 32>>>(a.ref(), 100, 1024); // the kernel loaded
+  BAM_TEST_SYNC();
+  CHECK_THROWS(a.check());
+  const auto t0 = std::chrono::steady_clock::now();
+  page_per_warp_kernel<<<1, 32>>>(a.ref(), 200, 1024);
+  BAM_TEST_SYNC();
+  const double one = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO("one miss on the set took " << one * 1e3 << " ms");
+  CHECK(one < 0.1);
+  try {
+    a.check();
+    FAIL("the miss was not reported");
+  } catch (const bam::error& e) {
+    INFO(e.what());
+    REQUIRE(e.status().has_value());
+    CHECK(*e.status() == bam::nvme::status_timeout);
+  }
+}
+
+namespace {
+
+// Warp 0's first lane reads page `dropped`, and says how long that took;
+// every other warp keeps missing on other pages for `busy_ns`.
+__global__ void dropped_beside_busy_kernel(bam::array_ref<std::uint32_t> a, std::uint64_t dropped, std::uint64_t pages,
+                                           std::uint64_t busy_ns, unsigned long long* took_ns) {
+  const std::uint64_t warp = (blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x) / 32;
+  const unsigned lane = threadIdx.x % 32;
+  if (warp == 0) {
+    if (lane == 0) {
+      const std::uint64_t t0 = bam::detail::now_ns();
+      volatile std::uint32_t sink = a[dropped * 1024];
+      (void)sink;
+      *took_ns = bam::detail::now_ns() - t0;
+    }
+    return;
+  }
+  const std::uint64_t end = bam::detail::now_ns() + busy_ns;
+  std::uint64_t k = warp * 0x9e3779b97f4a7c15ull;
+  while (bam::detail::now_ns() < end) {
+    k = k * 6364136223846793005ull + 1442695040888963407ull;
+    const std::uint64_t p = (k >> 33) % pages;
+    if (p == dropped) continue;
+    volatile std::uint32_t sink = a[p * 1024 + lane];
+    (void)sink;
+  }
+}
+
+} // namespace
+
+TEST_CASE("a lane whose command is dropped times out after one deadline while other warps keep its queue busy",
+          "[gpu][cache]") {
+  // One queue: every warp's commands share it, and its completions keep coming.
+  bam::storage s("emu-gpu:hbm=64M,queues=1,depth=64,timeout=200ms");
+  bam::page_cache cache({.page_size = 4096, .capacity = 1 << 20, .timeout_ns = 200'000'000ull});
+  const std::uint64_t pages = (64ull << 20) / 4096;
+  bam::array<std::uint32_t> a(cache, s, pages * 1024);
+  const std::uint64_t dropped = 777;
+  bam::emu::fault_rule drop;
+  drop.opcode = static_cast<std::uint8_t>(bam::nvme::nvm_opcode::read);
+  drop.lba_first = dropped * 8;
+  drop.lba_last = dropped * 8 + 7;
+  drop.count = 0;
+  drop.action = bam::emu::fault_action::drop;
+  s.emu_controllers()[0]->faults().add(drop);
+  bam::device_buffer<unsigned long long> took(1);
+  // The others keep missing for 3 s (15 deadlines): their completions on the
+  // same queue must not keep the dropped read waiting.
+  dropped_beside_busy_kernel<<<16, 256>>>(a.ref(), dropped, pages, 3'000'000'000ull, took.get());
+  BAM_TEST_SYNC();
+  unsigned long long ns = 0;
+  bam::copy_to_host(&ns, took.get(), 1);
+  INFO("the dropped read took " << ns / 1e6 << " ms");
+  CHECK(ns >= 150'000'000ull);  // it did wait out a deadline
+  CHECK(ns < 1'000'000'000ull); // and not the others' 3 s
+  // Its failure is reported (with the failures of the others whose commands
+  // were on the queue it broke).
+  CHECK_THROWS(a.check());
+}
+
 TEST_CASE("a failed write-back on detach loses nothing: the pages stay, and a later array sees them",
           "[gpu][cache]") {
   bam::storage s("emu-gpu:hbm=8M,queues=4,depth=16");

@@ -301,16 +301,29 @@ const bam::page_cache* storm_cache = nullptr;
 void dump_cache_state(const bam::page_cache& cache) {
   using namespace bam::detail;
   const bam::page_cache_ref r = cache.ref();
-  std::vector<std::uint64_t> words(r.nslots);
-  std::vector<cache_set> sets(r.nsets);
+  std::vector<std::uint64_t> words(r.nslots), words0(r.nslots);
+  std::vector<cache_set> sets(r.nsets), sets0(r.nsets);
   cudaStream_t s = nullptr;
-  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess ||
-      cudaMemcpyAsync(words.data(), r.slots, words.size() * 8, cudaMemcpyDeviceToHost, s) != cudaSuccess ||
-      cudaMemcpyAsync(sets.data(), r.sets, sets.size() * sizeof(cache_set), cudaMemcpyDeviceToHost, s) != cudaSuccess ||
-      cudaStreamSynchronize(s) != cudaSuccess) {
+  // Two snapshots a second apart: what still moves (a slow set) and what does not (a stuck one).
+  auto snapshot = [&](std::vector<std::uint64_t>& w, std::vector<cache_set>& c) {
+    return cudaMemcpyAsync(w.data(), r.slots, w.size() * 8, cudaMemcpyDeviceToHost, s) == cudaSuccess &&
+           cudaMemcpyAsync(c.data(), r.sets, c.size() * sizeof(cache_set), cudaMemcpyDeviceToHost, s) == cudaSuccess &&
+           cudaStreamSynchronize(s) == cudaSuccess;
+  };
+  if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess || !snapshot(words0, sets0) ||
+      (std::this_thread::sleep_for(std::chrono::seconds(1)), !snapshot(words, sets))) {
     std::fprintf(stderr, "  (the cache's state could not be read)\n");
     return;
   }
+  unsigned long long sets_moved = 0, slots_moved = 0, doomed = 0;
+  for (std::uint64_t set = 0; set < r.nsets; ++set) {
+    sets_moved += sets[set].serving != sets0[set].serving;
+    doomed += sets[set].doomed;
+  }
+  for (std::uint64_t k = 0; k < r.nslots; ++k)
+    slots_moved += slot_progress_bits(words[k]) != slot_progress_bits(words0[k]);
+  std::fprintf(stderr, "  in one second: %llu sets passed a turn, %llu slots changed state; %llu turns still doomed\n",
+               sets_moved, slots_moved, doomed);
   unsigned long long waiting_sets = 0, waiters = 0, max_queue = 0;
   unsigned long long pinned = 0, busy = 0, lost = 0, valid = 0, dirty = 0, wb_failed = 0, error = 0, empty = 0;
   unsigned shown = 0;
@@ -324,7 +337,7 @@ void dump_cache_state(const bam::page_cache& cache) {
       const std::uint64_t x = words[set * r.ways + w];
       pinned += (x & slot_pin_mask) != 0;
       busy += (x & slot_busy) != 0;
-      lost += (x & (slot_pin_mask | slot_busy | slot_error)) == (slot_busy | slot_error);
+      lost += slot_lost(x);
       valid += (x & slot_valid) != 0;
       dirty += (x & slot_dirty) != 0;
       wb_failed += (x & slot_wb_failed) != 0;
@@ -332,8 +345,9 @@ void dump_cache_state(const bam::page_cache& cache) {
       empty += (x >> slot_tag_shift) == 0;
     }
     if (shown++ < 4) {
-      std::fprintf(stderr, "  set %llu: %u waiting (next %u, serving %u), hand %u; slots:", static_cast<unsigned long long>(set), q,
-                   sets[set].next, sets[set].serving, sets[set].hand);
+      std::fprintf(stderr, "  set %llu: %u waiting (next %u, serving %u, a second ago %u), hand %u; slots:",
+                   static_cast<unsigned long long>(set), q, sets[set].next, sets[set].serving, sets0[set].serving,
+                   sets[set].hand);
       for (std::uint32_t w = 0; w < r.ways; ++w) {
         const std::uint64_t x = words[set * r.ways + w];
         std::fprintf(stderr, " [pins %llu%s%s%s%s%s%s]", static_cast<unsigned long long>(x & slot_pin_mask),

@@ -54,9 +54,9 @@ __global__ void cache_writeback_kernel(page_cache_ref c, std::uint32_t only, boo
         const space_ref& sp = c.spaces[key >> key_page_bits];
         const std::uint64_t p = key & key_page_mask;
         if (sp.err != nullptr) sp.err->record(result, false, 0, true, sp.lba_of(p), sp.controller_of(p));
-        st.fetch_or(slot_dirty | slot_wb_failed, cuda::memory_order_relaxed);
-        // A write that timed out may still read the slot: it stays busy.
-        if (result != nvme::status_timeout) st.fetch_and(~slot_busy, cuda::memory_order_release);
+        // A write that timed out may still read the slot: it stays busy, out
+        // of use for good (`slot_lost`); misses on its set do not wait for it.
+        mark_writeback_failed(&c.slots[s], result == nvme::status_timeout);
       }
     }
     if (invalidate && s < c.nslots) {

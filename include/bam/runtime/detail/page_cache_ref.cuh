@@ -19,7 +19,12 @@
 //!    that, misses queue per set: throughput drops, nothing fails.
 //!  - Deadlines measure lack of progress (a set whose slots all stay
 //!    unchanged, a queue that completes nothing, a fetched command that does
-//!    not complete), never time spent queued behind other threads.
+//!    not complete), never time spent queued behind other threads. Each lane
+//!    keeps its own (in its request, across calls); pin counts and clock
+//!    bits, which every hit moves, do not count as progress.
+//!  - A turn holder whose set changed in nothing for a whole deadline fails,
+//!    and so do the misses queued behind it when their turns come: they
+//!    would otherwise wait out a deadline each, one after another.
 #pragma once
 
 #include <bam/detail/macros.hpp>
@@ -69,8 +74,39 @@ struct cache_set {
   std::uint32_t next;    //!< next ticket
   std::uint32_t serving; //!< ticket allowed to claim a victim
   std::uint32_t hand;    //!< clock hand (touched by the turn holder only)
-  std::uint32_t reserved;
+  //! The next this many turns fail when they come: a turn holder saw the
+  //! set change in nothing for a whole deadline while they queued behind it.
+  //! Read and written by the turn holder only (ordered by the turn).
+  std::uint32_t doomed;
 };
+
+//! What of a slot's state word says whether the slot can be taken, or is
+//! being filled: the tag and state bits, and whether it is pinned at all.
+//! Pin counts and the clock bit move with every hit and say nothing about
+//! progress, so waits do not watch them.
+BAM_HD inline std::uint64_t slot_progress_bits(std::uint64_t word) {
+  return (word & ~(slot_pin_mask | slot_referenced)) | ((word & slot_pin_mask) != 0 ? 1u : 0u);
+}
+
+//! A slot out of use for good: busy with nothing that will end it (a load or
+//! write-back that timed out and may still land or read it) and unpinned.
+BAM_HD inline bool slot_lost(std::uint64_t word) {
+  return (word & slot_pin_mask) == 0 && (word & slot_busy) != 0 && (word & (slot_error | slot_wb_failed)) != 0;
+}
+
+//! A write-back of the slot failed: dirty again, not a victim until a flush
+//! succeeds, and busy no more unless `keep_busy` (a write that timed out may
+//! still read the slot). One atomic step, so that no one sees the slot
+//! half-marked (lost, or clean and free).
+BAM_DEVICE inline void mark_writeback_failed(std::uint64_t* slot_word, bool keep_busy) {
+  dev_atomic<std::uint64_t> st(*slot_word);
+  std::uint64_t w = st.load(cuda::memory_order_relaxed);
+  std::uint64_t n;
+  do {
+    n = (w | slot_dirty | slot_wb_failed) & (keep_busy ? ~0ull : ~slot_busy);
+  } while (!st.compare_exchange_weak(w, n, cuda::memory_order_release, cuda::memory_order_relaxed));
+}
+
 
 enum class page_phase : std::uint8_t {
   idle,         //!< nothing to do (or done and consumed)
@@ -95,6 +131,7 @@ struct page_request {
   bool for_write = false;
   bool doomed = false; //!< timed out while waiting for its turn: pass it, then fail
   io_slot io;
+  lane_wait wait; //!< this lane's deadline (see `page_cache_ref::resolve`)
 
   BAM_HD bool settled() const { return phase == page_phase::idle || phase == page_phase::hit || phase == page_phase::failed; }
 };
@@ -323,7 +360,7 @@ BAM_DEVICE inline bool page_cache_ref::claim_victim(detail::page_request& r) con
     const std::uint64_t s = base + hand++ % ways;
     dev_atomic<std::uint64_t> st(slots[s]);
     std::uint64_t word = st.load(cuda::memory_order_relaxed);
-    if ((word & (slot_pin_mask | slot_busy | slot_error)) == (slot_busy | slot_error)) {
+    if (slot_lost(word)) {
       lost = true;
       continue;
     }
@@ -370,8 +407,8 @@ BAM_DEVICE inline bool page_cache_ref::claim_victim(detail::page_request& r) con
   }
   if (!waitable) {
     // Every way holds a page whose write-back failed (nothing frees up until
-    // a flush succeeds), or a load that timed out may still land in it (never
-    // reused). Say so at once: waiting would cost every later miss on the
+    // a flush succeeds), or a load or write-back that timed out may still
+    // land in it or read it (never reused). Say so at once: waiting would cost every later miss on the
     // set a whole deadline, one after another.
     pass_turn(r);
     r.status = lost ? nvme::status_timeout.raw
@@ -416,8 +453,7 @@ BAM_DEVICE inline void page_cache_ref::finish_io(detail::page_request& r) const 
     const std::uint64_t p = old_key & key_page_mask;
     if (sp.err != nullptr) sp.err->record(st, false, 0, true, sp.lba_of(p), sp.controller_of(p));
     // The data is still only here: dirty again, and not a victim until a flush succeeds.
-    word.fetch_or(slot_dirty | slot_wb_failed, cuda::memory_order_relaxed);
-    word.fetch_and(~slot_busy, cuda::memory_order_release);
+    mark_writeback_failed(&slots[r.wb_slot], false);
   }
   // A neighbour's failed write-back does not fail this request: look again.
   r.phase = page_phase::lookup;
@@ -437,6 +473,10 @@ BAM_DEVICE inline bool page_cache_ref::step(detail::page_request& r) const {
       return false;
     nvme::detail::acquire_fence();
     r.phase = page_phase::have_turn;
+    if (dev_atomic<std::uint32_t> doomed(sets[set_of(r.key)].doomed); doomed.load(cuda::memory_order_relaxed) != 0) {
+      doomed.fetch_sub(1, cuda::memory_order_relaxed);
+      r.doomed = true;
+    }
     if (r.doomed) {
       pass_turn(r);
       r.status = nvme::status_timeout.raw;
@@ -475,11 +515,12 @@ BAM_DEVICE inline std::uint32_t page_cache_ref::marker(const detail::page_reques
     const std::uint64_t set = set_of(r.key);
     std::uint64_t h = dev_atomic<std::uint32_t>(sets[set].serving).load(cuda::memory_order_relaxed);
     for (std::uint32_t w = 0; w < ways; ++w)
-      h = h * 31 + dev_atomic<std::uint64_t>(slots[set * ways + w]).load(cuda::memory_order_relaxed);
+      h = h * 31 + slot_progress_bits(dev_atomic<std::uint64_t>(slots[set * ways + w]).load(cuda::memory_order_relaxed));
     return static_cast<std::uint32_t>(h ^ (h >> 32));
   }
   case page_phase::pinned_wait:
-    return static_cast<std::uint32_t>(dev_atomic<std::uint64_t>(slots[r.slot]).load(cuda::memory_order_relaxed));
+    return static_cast<std::uint32_t>(
+        slot_progress_bits(dev_atomic<std::uint64_t>(slots[r.slot]).load(cuda::memory_order_relaxed)));
   case page_phase::loading:
   case page_phase::writing_back: return io_progress_marker(r.io) + 1;
   default: return 0;
@@ -491,11 +532,18 @@ BAM_DEVICE inline void page_cache_ref::abandon(detail::page_request& r) const {
   using namespace detail;
   switch (r.phase) {
   case page_phase::wait_turn: r.doomed = true; break; // passes its turn when it comes
-  case page_phase::have_turn:
+  case page_phase::have_turn: {
+    // The set changed in nothing for a whole deadline: the misses queued
+    // behind this one would each wait a deadline of their own, one after
+    // another. They fail when their turn comes; later ones wait again.
+    cache_set& cs = sets[set_of(r.key)];
+    const std::uint32_t behind = dev_atomic<std::uint32_t>(cs.next).load(cuda::memory_order_relaxed) - (r.turn + 1);
+    dev_atomic<std::uint32_t>(cs.doomed).store(behind, cuda::memory_order_relaxed);
     pass_turn(r);
     r.status = nvme::status_timeout.raw;
     r.phase = page_phase::failed;
     break;
+  }
   case page_phase::pinned_wait:
     release(r.slot);
     r.status = nvme::status_timeout.raw;
@@ -520,7 +568,7 @@ BAM_DEVICE inline void page_cache_ref::abandon(detail::page_request& r) const {
 
 BAM_DEVICE BAM_NOINLINE inline void page_cache_ref::resolve(detail::page_request& r, unsigned mask, bool until_any) const {
   using namespace detail;
-  warp_deadline dl;
+  unsigned idle = 0;
   for (;;) {
     const unsigned unsettled = __ballot_sync(mask, !r.settled());
     if (unsettled == 0) return;
@@ -532,9 +580,16 @@ BAM_DEVICE BAM_NOINLINE inline void page_cache_ref::resolve(detail::page_request
       finish_io(r);
       moved = true;
     }
-    moved = __any_sync(mask, moved) || io_moved;
-    if (moved) dl.restart();
-    else if (dl.expired_idle(marker(r), timeout_ns, mask) && !r.settled()) abandon(r);
+    // Each lane's deadline is its own: a lane that waits on a dead command
+    // times out although its neighbours keep moving.
+    if (moved) r.wait.restart();
+    else if (!r.settled() && r.wait.expired(marker(r), timeout_ns)) abandon(r);
+    if (__any_sync(mask, moved) || io_moved) {
+      idle = 0;
+    } else {
+      ++idle;
+      relax(idle < 16 ? 64 : 512);
+    }
   }
 }
 

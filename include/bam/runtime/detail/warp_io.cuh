@@ -226,6 +226,27 @@ struct warp_deadline {
   }
 };
 
+//! One lane's wait without progress (kept with the lane's request, so that
+//! it survives the calls that drive it): the deadline starts when the lane
+//! first moves nothing, and starts over when the lane moves or its own
+//! progress marker changes. Other lanes and other warps do not extend it.
+struct lane_wait {
+  std::uint64_t deadline = 0; //!< 0: not waiting
+  std::uint32_t marker = 0;
+
+  BAM_HD void restart() { deadline = 0; }
+  //! This round moved nothing for the lane: true when its wait has run out.
+  BAM_DEVICE bool expired(std::uint32_t lane_marker, std::uint64_t timeout_ns) {
+    const std::uint64_t now = now_ns();
+    if (deadline == 0 || lane_marker != marker) {
+      deadline = now + timeout_ns;
+      marker = lane_marker;
+      return false;
+    }
+    return now > deadline;
+  }
+};
+
 //! Run every lane's command of `mask` to completion (or to its deadline).
 BAM_DEVICE inline void warp_io_run(io_slot& s, unsigned mask, std::uint64_t timeout_ns) {
   warp_deadline dl;
