@@ -131,6 +131,36 @@ __global__ void page_per_warp_kernel(bam::array_ref<std::uint32_t> a, std::uint6
   (void)sink;
 }
 
+// Seconds from `launch` until the GPU has finished what it started.
+template <class Launch>
+double seconds_of(Launch&& launch) {
+  const auto t0 = std::chrono::steady_clock::now();
+  launch();
+  BAM_TEST_SYNC();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// A fault rule that drops every command of `op` (the controller never answers them).
+bam::emu::fault_rule drop_all(bam::nvme::nvm_opcode op) {
+  bam::emu::fault_rule r;
+  r.opcode = static_cast<std::uint8_t>(op);
+  r.count = 0;
+  r.action = bam::emu::fault_action::drop;
+  return r;
+}
+
+// check() reports the failures, the first of them a timeout.
+void require_timeout_reported(bam::array<std::uint32_t>& a) {
+  try {
+    a.check();
+    FAIL("the failures were not reported");
+  } catch (const bam::error& e) {
+    INFO(e.what());
+    REQUIRE(e.status().has_value());
+    CHECK(*e.status() == bam::nvme::status_timeout);
+  }
+}
+
 } // namespace
 
 TEST_CASE("a set whose slots a timed-out load may still land in fails later misses at once, not a deadline each",
@@ -142,12 +172,8 @@ TEST_CASE("a set whose slots a timed-out load may still land in fails later miss
   bam::page_cache cache({.page_size = 4096, .capacity = 4096, .ways = 1, .timeout_ns = 200'000'000ull});
   bam::array<std::uint32_t> a(cache, s, (8ull << 20) / 4);
   const layout l{0, 4096, 512, 1};
-  bam::emu::fault_rule drop;
-  drop.opcode = static_cast<std::uint8_t>(bam::nvme::nvm_opcode::read);
-  drop.count = 0;
-  drop.action = bam::emu::fault_action::drop;
   auto& faults = s.emu_controllers()[0]->faults();
-  faults.add(drop);
+  faults.add(drop_all(bam::nvme::nvm_opcode::read));
   device_counters c;
   pages_kernel<<<1, 1>>>(a.ref(), 0, 1, 1024, false, 0, l, c.ptr());
   BAM_TEST_SYNC();
@@ -155,26 +181,13 @@ TEST_CASE("a set whose slots a timed-out load may still land in fails later miss
   faults.clear();
   // 128 warps miss on that set. Each used to hold the set's turn for a whole
   // deadline before failing (128 x 200 ms); now each fails at once.
-  const auto t0 = std::chrono::steady_clock::now();
-  page_per_warp_kernel<<<32, 128>>>(a.ref(), 1, 1024);
-  BAM_TEST_SYNC();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds = seconds_of([&] { page_per_warp_kernel<<<32, 128>>>(a.ref(), 1, 1024); });
   INFO("128 misses on a lost set took " << seconds << " s");
   CHECK(seconds < 10.0);
-  try {
-    a.check();
-    FAIL("the misses on the lost set were not reported");
-  } catch (const bam::error& e) {
-    INFO(e.what());
-    REQUIRE(e.status().has_value());
-    CHECK(*e.status() == bam::nvme::status_timeout);
-  }
+  require_timeout_reported(a);
   // One miss alone (the kernel loaded now): it used to wait out the whole
   // deadline (200 ms) for a slot that never frees; now it fails at once.
-  const auto t1 = std::chrono::steady_clock::now();
-  page_per_warp_kernel<<<1, 32>>>(a.ref(), 200, 1024);
-  BAM_TEST_SYNC();
-  const double one = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  const double one = seconds_of([&] { page_per_warp_kernel<<<1, 32>>>(a.ref(), 200, 1024); });
   INFO("one miss on a lost set took " << one * 1e3 << " ms");
   CHECK(one < 0.1);
   CHECK_THROWS(a.check());
@@ -195,32 +208,18 @@ TEST_CASE("a page whose flush timed out stays out of use, and misses on its set 
   REQUIRE_NOTHROW(a.check());
   // Its write-back is never answered: the flush times out, and the write may
   // still read the slot, so the slot stays busy for good.
-  bam::emu::fault_rule drop;
-  drop.opcode = static_cast<std::uint8_t>(bam::nvme::nvm_opcode::write);
-  drop.count = 0;
-  drop.action = bam::emu::fault_action::drop;
   auto& faults = s.emu_controllers()[0]->faults();
-  faults.add(drop);
+  faults.add(drop_all(bam::nvme::nvm_opcode::write));
   CHECK_THROWS(cache.flush());
   faults.clear();
   // A miss on that set used to wait a whole deadline (200 ms) for the slot.
   page_per_warp_kernel<<<1, 32>>>(a.ref(), 100, 1024); // the kernel loaded
   BAM_TEST_SYNC();
   CHECK_THROWS(a.check());
-  const auto t0 = std::chrono::steady_clock::now();
-  page_per_warp_kernel<<<1, 32>>>(a.ref(), 200, 1024);
-  BAM_TEST_SYNC();
-  const double one = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double one = seconds_of([&] { page_per_warp_kernel<<<1, 32>>>(a.ref(), 200, 1024); });
   INFO("one miss on the set took " << one * 1e3 << " ms");
   CHECK(one < 0.1);
-  try {
-    a.check();
-    FAIL("the miss was not reported");
-  } catch (const bam::error& e) {
-    INFO(e.what());
-    REQUIRE(e.status().has_value());
-    CHECK(*e.status() == bam::nvme::status_timeout);
-  }
+  require_timeout_reported(a);
 }
 
 namespace {
@@ -261,12 +260,9 @@ TEST_CASE("a lane whose command is dropped times out after one deadline while ot
   const std::uint64_t pages = (64ull << 20) / 4096;
   bam::array<std::uint32_t> a(cache, s, pages * 1024);
   const std::uint64_t dropped = 777;
-  bam::emu::fault_rule drop;
-  drop.opcode = static_cast<std::uint8_t>(bam::nvme::nvm_opcode::read);
+  bam::emu::fault_rule drop = drop_all(bam::nvme::nvm_opcode::read);
   drop.lba_first = dropped * 8;
   drop.lba_last = dropped * 8 + 7;
-  drop.count = 0;
-  drop.action = bam::emu::fault_action::drop;
   s.emu_controllers()[0]->faults().add(drop);
   bam::device_buffer<unsigned long long> took(1);
   // The others keep missing for 3 s (15 deadlines): their completions on the
