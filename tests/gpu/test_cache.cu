@@ -161,6 +161,18 @@ void require_timeout_reported(bam::array<std::uint32_t>& a) {
   }
 }
 
+// flush() reports a write-back it cannot vouch for: a timeout.
+void require_flush_reports_timeout(bam::page_cache& cache) {
+  try {
+    cache.flush();
+    FAIL("flush() reported nothing");
+  } catch (const bam::error& e) {
+    INFO(e.what());
+    REQUIRE(e.status().has_value());
+    CHECK(*e.status() == bam::nvme::status_timeout);
+  }
+}
+
 } // namespace
 
 TEST_CASE("a set whose slots a timed-out load may still land in fails later misses at once, not a deadline each",
@@ -220,6 +232,92 @@ TEST_CASE("a page whose flush timed out stays out of use, and misses on its set 
   INFO("one miss on the set took " << one * 1e3 << " ms");
   CHECK(one < 0.1);
   require_timeout_reported(a);
+  // The page can be written back no more, and no flush can tell whether the
+  // late write reached the storage: every flush says so, not only the first.
+  require_flush_reports_timeout(cache);
+  require_flush_reports_timeout(cache);
+}
+
+TEST_CASE("a write-back that times out during a miss keeps its slot out of use, and each flush reports the page",
+          "[gpu][cache]") {
+  bam::storage s("emu-gpu:hbm=8M,queues=4,depth=16,timeout=200ms");
+  bam_test::fill_pattern(s);
+  // One slot, holding a dirty page (page 0).
+  bam::page_cache cache({.page_size = 4096, .capacity = 4096, .ways = 1, .timeout_ns = 200'000'000ull});
+  bam::array<std::uint32_t> a(cache, s, (8ull << 20) / 4);
+  const layout l{0, 4096, 512, 1};
+  device_counters c;
+  pages_kernel<<<1, 1>>>(a.ref(), 0, 1, 1024, true, 5, l, c.ptr());
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(a.check());
+  // A miss on page 1 writes page 0 back first; that write is never answered.
+  auto& faults = s.emu_controllers()[0]->faults();
+  faults.add(drop_all(bam::nvme::nvm_opcode::write));
+  pages_kernel<<<1, 1>>>(a.ref(), 1, 1, 1024, false, 0, l, c.ptr());
+  BAM_TEST_SYNC();
+  require_timeout_reported(a); // the read of page 1
+  CHECK_THROWS(a.check());     // the write-back of page 0
+  REQUIRE_NOTHROW(a.check());
+  faults.clear();
+  // The write may still read the slot, so the slot was not freed: no later
+  // flush writes it again and calls that a success, and no miss reuses it.
+  require_flush_reports_timeout(cache);
+  require_flush_reports_timeout(cache);
+  const double one = seconds_of([&] { page_per_warp_kernel<<<1, 32>>>(a.ref(), 2, 1024); });
+  INFO("one miss on the set took " << one * 1e3 << " ms");
+  CHECK(one < 0.1);
+  require_timeout_reported(a);
+}
+
+namespace {
+
+// Warps 1-6 read one page each at once; warp 7 reads page 0 a little later
+// (its load queues behind theirs); warps 8-15 read page 0 later still, and
+// so wait for warp 7's load. Lane 0 of each reads; the waiters say how long
+// they took.
+__global__ void wait_for_queued_load_kernel(bam::array_ref<std::uint32_t> a, layout l, counters* c,
+                                            unsigned long long* waited_ns) {
+  const unsigned warp = blockIdx.x; // one warp per block
+  if (threadIdx.x != 0 || warp == 0) return;
+  const std::uint64_t page = warp <= 6 ? 10 + warp : 0;
+  const std::uint64_t start = bam::detail::now_ns() + (warp <= 6 ? 0 : warp == 7 ? 20'000'000ull : 50'000'000ull);
+  while (bam::detail::now_ns() < start) {
+  }
+  const std::uint64_t t0 = bam::detail::now_ns();
+  const std::uint64_t i = page * 1024 + 3;
+  const std::uint32_t v = a[i];
+  if (warp >= 8) atomicMax(waited_ns, static_cast<unsigned long long>(bam::detail::now_ns() - t0));
+  atomicAdd(&c->bad, v != l.expected(i) ? 1ull : 0ull);
+  atomicAdd(&c->done, 1ull);
+}
+
+} // namespace
+
+TEST_CASE("a miss that waits for another warp's load waits as long as the load does, also past a deadline",
+          "[gpu][cache]") {
+  // One queue with room for one command, served at 10 commands per second:
+  // it completes one every 100 ms (half a deadline), and a load queued
+  // behind six others waits about 600 ms without ever timing out.
+  bam::storage s("emu-gpu:hbm=8M,queues=1,depth=2,timeout=200ms,iops=10");
+  bam_test::fill_pattern(s);
+  bam::page_cache cache({.page_size = 4096, .capacity = 1 << 20, .timeout_ns = 200'000'000ull});
+  bam::array<std::uint32_t> a(cache, s, (8ull << 20) / 4);
+  const layout l{0, 4096, 512, 1};
+  device_counters c;
+  bam::device_buffer<unsigned long long> waited(1);
+  BAM_CUDA_TRY(cudaMemset(waited.get(), 0, sizeof(unsigned long long)));
+  wait_for_queued_load_kernel<<<16, 32>>>(a.ref(), l, c.ptr(), waited.get());
+  BAM_TEST_SYNC();
+  unsigned long long ns = 0;
+  bam::copy_to_host(&ns, waited.get(), 1);
+  const counters r = c.get();
+  INFO("the warps that waited for the queued load took up to " << ns / 1e6 << " ms");
+  // They did wait longer than a deadline (else this proves nothing) ...
+  CHECK(ns > 300'000'000ull);
+  // ... and the load they waited for ended it, not their own deadline.
+  REQUIRE_NOTHROW(a.check());
+  CHECK(r.done == 15);
+  CHECK(r.bad == 0);
 }
 
 namespace {

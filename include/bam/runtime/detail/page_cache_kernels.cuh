@@ -12,7 +12,8 @@
 namespace bam::detail {
 
 //! Write back every dirty, unpinned page (of space `only`, or of all if
-//! `only` is ~0u), also those whose write-back failed before; with
+//! `only` is ~0u), also those whose write-back failed before, and report
+//! those a timed-out write may still read (lost for good); with
 //! `invalidate`, then forget the clean pages of that space. One lane per
 //! slot, whole warps (the warp drives its lanes' writes together).
 template <int = 0>
@@ -41,6 +42,14 @@ __global__ void cache_writeback_kernel(page_cache_ref c, std::uint32_t only, boo
         io.start_rw(sp.ctrls[ctrl], nvme::nvm_opcode::write, sp.lba_of(p), sp.blocks_per_page, sp.data_bus[ctrl],
                     s << c.page_shift);
         mine = true;
+      } else if (in_scope && (word & slot_valid) && (word & slot_dirty) && (word & slot_busy) &&
+                 (word & slot_wb_failed)) {
+        // A write of this page timed out and may still read it: the page can
+        // be written back no more, and no flush can say it reached the
+        // storage. Each flush reports it.
+        const space_ref& sp = c.spaces[key >> key_page_bits];
+        const std::uint64_t p = key & key_page_mask;
+        if (sp.err != nullptr) sp.err->record(nvme::status_timeout, false, 0, true, sp.lba_of(p), sp.controller_of(p));
       }
     }
     warp_io_run(io, full, c.timeout_ns);

@@ -22,9 +22,14 @@
 //!    not complete), never time spent queued behind other threads. Each lane
 //!    keeps its own (in its request, across calls); pin counts and clock
 //!    bits, which every hit moves, do not count as progress.
+//!  - A wait for a slot whose load or write-back is in flight lasts as long
+//!    as that command: its owner has a deadline of its own and ends it
+//!    (valid, error, or lost), also when the command waits long behind a
+//!    busy queue. `io_wait_backstop` deadlines bound it all the same.
 //!  - A turn holder whose set changed in nothing for a whole deadline fails,
-//!    and so do the misses queued behind it when their turns come: they
-//!    would otherwise wait out a deadline each, one after another.
+//!    and so do the misses queued behind it when their turns come, as long
+//!    as the set is still as it found it: they would otherwise wait out a
+//!    deadline each, one after another.
 #pragma once
 
 #include <bam/detail/macros.hpp>
@@ -74,10 +79,12 @@ struct cache_set {
   std::uint32_t next;    //!< next ticket
   std::uint32_t serving; //!< ticket allowed to claim a victim
   std::uint32_t hand;    //!< clock hand (touched by the turn holder only)
-  //! The next this many turns fail when they come: a turn holder saw the
-  //! set change in nothing for a whole deadline while they queued behind it.
-  //! Read and written by the turn holder only (ordered by the turn).
+  //! The next this many turns fail when they come, while the set's slots
+  //! are still as `doom_marker` says: a turn holder saw the set change in
+  //! nothing for a whole deadline while they queued behind it. Read and
+  //! written by the turn holder only (ordered by the turn).
   std::uint32_t doomed;
+  std::uint32_t doom_marker;
 };
 
 //! What of a slot's state word says whether the slot can be taken, or is
@@ -93,6 +100,22 @@ BAM_HD inline std::uint64_t slot_progress_bits(std::uint64_t word) {
 BAM_HD inline bool slot_lost(std::uint64_t word) {
   return (word & slot_pin_mask) == 0 && (word & slot_busy) != 0 && (word & (slot_error | slot_wb_failed)) != 0;
 }
+
+//! A load or write-back of the slot is in flight: its owner will end it.
+BAM_HD inline bool slot_io_in_flight(std::uint64_t word) {
+  return (word & slot_busy) != 0 && (word & (slot_error | slot_wb_failed)) == 0;
+}
+
+//! A wait on a command in flight gives up after this many deadlines
+//! without change, in case its owner never comes back.
+inline constexpr std::uint64_t io_wait_backstop = 8;
+
+//! What a waiting lane watches: a value that changes with progress, and
+//! whether the wait is for a command in flight (see `io_wait_backstop`).
+struct wait_marker {
+  std::uint32_t value = 0;
+  bool on_io = false;
+};
 
 //! A write-back of the slot failed: dirty again, not a victim until a flush
 //! succeeds, and busy no more unless `keep_busy` (a write that timed out may
@@ -234,7 +257,8 @@ private:
   BAM_DEVICE void start_load(detail::page_request& r, std::uint32_t slot) const;
   BAM_DEVICE bool claim_victim(detail::page_request& r) const;
   BAM_DEVICE void pass_turn(const detail::page_request& r) const;
-  BAM_DEVICE std::uint32_t marker(const detail::page_request& r) const;
+  BAM_DEVICE detail::wait_marker set_marker(std::uint64_t set) const;
+  BAM_DEVICE detail::wait_marker marker(const detail::page_request& r) const;
   BAM_DEVICE void abandon(detail::page_request& r) const;
 };
 static_assert(std::is_trivially_copyable_v<page_cache_ref>);
@@ -390,7 +414,8 @@ BAM_DEVICE inline bool page_cache_ref::claim_victim(detail::page_request& r) con
     // hit it meanwhile (it stays valid), writers re-dirty it.
     dev_atomic<std::uint64_t> st(slots[dirty]);
     std::uint64_t word = st.load(cuda::memory_order_relaxed);
-    if ((word & (slot_pin_mask | slot_busy)) == 0 && (word & slot_dirty) &&
+    // Still no victim if a flush failed on it since (it waits for a flush).
+    if ((word & (slot_pin_mask | slot_busy | slot_wb_failed)) == 0 && (word & slot_dirty) &&
         st.compare_exchange_strong(word, (word & ~slot_dirty) | slot_busy, cuda::memory_order_acq_rel)) {
       pass_turn(r);
       const std::uint64_t old_key = (word >> slot_tag_shift) - 1;
@@ -452,8 +477,10 @@ BAM_DEVICE inline void page_cache_ref::finish_io(detail::page_request& r) const 
     const space_ref& sp = spaces[old_key >> key_page_bits];
     const std::uint64_t p = old_key & key_page_mask;
     if (sp.err != nullptr) sp.err->record(st, false, 0, true, sp.lba_of(p), sp.controller_of(p));
-    // The data is still only here: dirty again, and not a victim until a flush succeeds.
-    mark_writeback_failed(&slots[r.wb_slot], false);
+    // The data is still only here: dirty again, and not a victim until a
+    // flush succeeds. A write that timed out may still read the slot: it
+    // stays busy, out of use for good (`slot_lost`).
+    mark_writeback_failed(&slots[r.wb_slot], st == nvme::status_timeout);
   }
   // A neighbour's failed write-back does not fail this request: look again.
   r.phase = page_phase::lookup;
@@ -474,8 +501,15 @@ BAM_DEVICE inline bool page_cache_ref::step(detail::page_request& r) const {
     nvme::detail::acquire_fence();
     r.phase = page_phase::have_turn;
     if (dev_atomic<std::uint32_t> doomed(sets[set_of(r.key)].doomed); doomed.load(cuda::memory_order_relaxed) != 0) {
-      doomed.fetch_sub(1, cuda::memory_order_relaxed);
-      r.doomed = true;
+      // Doomed while the set is as the turn holder that gave up left it;
+      // once it moved, the queue behind waits as usual again.
+      const std::uint32_t then = dev_atomic<std::uint32_t>(sets[set_of(r.key)].doom_marker).load(cuda::memory_order_relaxed);
+      if (set_marker(set_of(r.key)).value == then) {
+        doomed.fetch_sub(1, cuda::memory_order_relaxed);
+        r.doomed = true;
+      } else {
+        doomed.store(0, cuda::memory_order_relaxed);
+      }
     }
     if (r.doomed) {
       pass_turn(r);
@@ -507,23 +541,37 @@ BAM_DEVICE inline bool page_cache_ref::step(detail::page_request& r) const {
   }
 }
 
-BAM_DEVICE inline std::uint32_t page_cache_ref::marker(const detail::page_request& r) const {
+//! The state of a set's slots as far as progress goes, and whether any of
+//! them waits for a command in flight.
+BAM_DEVICE inline detail::wait_marker page_cache_ref::set_marker(std::uint64_t set) const {
+  using namespace detail;
+  std::uint64_t h = 0;
+  bool on_io = false;
+  for (std::uint32_t w = 0; w < ways; ++w) {
+    const std::uint64_t word = dev_atomic<std::uint64_t>(slots[set * ways + w]).load(cuda::memory_order_relaxed);
+    h = h * 31 + slot_progress_bits(word);
+    on_io |= slot_io_in_flight(word);
+  }
+  return {static_cast<std::uint32_t>(h ^ (h >> 32)), on_io};
+}
+
+BAM_DEVICE inline detail::wait_marker page_cache_ref::marker(const detail::page_request& r) const {
   using namespace detail;
   switch (r.phase) {
   case page_phase::wait_turn:
   case page_phase::have_turn: {
     const std::uint64_t set = set_of(r.key);
-    std::uint64_t h = dev_atomic<std::uint32_t>(sets[set].serving).load(cuda::memory_order_relaxed);
-    for (std::uint32_t w = 0; w < ways; ++w)
-      h = h * 31 + slot_progress_bits(dev_atomic<std::uint64_t>(slots[set * ways + w]).load(cuda::memory_order_relaxed));
-    return static_cast<std::uint32_t>(h ^ (h >> 32));
+    wait_marker m = set_marker(set);
+    m.value = m.value * 31 + dev_atomic<std::uint32_t>(sets[set].serving).load(cuda::memory_order_relaxed);
+    return m;
   }
-  case page_phase::pinned_wait:
-    return static_cast<std::uint32_t>(
-        slot_progress_bits(dev_atomic<std::uint64_t>(slots[r.slot]).load(cuda::memory_order_relaxed)));
+  case page_phase::pinned_wait: {
+    const std::uint64_t word = dev_atomic<std::uint64_t>(slots[r.slot]).load(cuda::memory_order_relaxed);
+    return {static_cast<std::uint32_t>(slot_progress_bits(word)), slot_io_in_flight(word)};
+  }
   case page_phase::loading:
-  case page_phase::writing_back: return io_progress_marker(r.io) + 1;
-  default: return 0;
+  case page_phase::writing_back: return {io_progress_marker(r.io) + 1, false};
+  default: return {};
   }
 }
 
@@ -538,6 +586,7 @@ BAM_DEVICE inline void page_cache_ref::abandon(detail::page_request& r) const {
     // another. They fail when their turn comes; later ones wait again.
     cache_set& cs = sets[set_of(r.key)];
     const std::uint32_t behind = dev_atomic<std::uint32_t>(cs.next).load(cuda::memory_order_relaxed) - (r.turn + 1);
+    dev_atomic<std::uint32_t>(cs.doom_marker).store(set_marker(set_of(r.key)).value, cuda::memory_order_relaxed);
     dev_atomic<std::uint32_t>(cs.doomed).store(behind, cuda::memory_order_relaxed);
     pass_turn(r);
     r.status = nvme::status_timeout.raw;
@@ -582,8 +631,12 @@ BAM_DEVICE BAM_NOINLINE inline void page_cache_ref::resolve(detail::page_request
     }
     // Each lane's deadline is its own: a lane that waits on a dead command
     // times out although its neighbours keep moving.
-    if (moved) r.wait.restart();
-    else if (!r.settled() && r.wait.expired(marker(r), timeout_ns)) abandon(r);
+    if (moved) {
+      r.wait.restart();
+    } else if (!r.settled()) {
+      const wait_marker m = marker(r);
+      if (r.wait.expired(m.value, m.on_io ? timeout_ns * io_wait_backstop : timeout_ns)) abandon(r);
+    }
     if (__any_sync(mask, moved) || io_moved) {
       idle = 0;
     } else {

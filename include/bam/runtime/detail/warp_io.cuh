@@ -179,14 +179,16 @@ BAM_DEVICE inline std::uint32_t io_progress_marker(const io_slot& s) {
 
 //! Give up on this lane's command after a deadline: the queue can never
 //! publish an unused ticket or reuse a command id that may still complete,
-//! so it is marked broken.
+//! so it is marked broken. Only a command that was submitted reports a
+//! timeout (it may still execute); one that never reached the queue reports
+//! that the queue had no room for it.
 BAM_DEVICE inline void io_abandon(io_slot& s) {
   if (s.state == io_state::reserved || s.state == io_state::submitted) {
     s.q().mark_broken();
     s.status = s.state == io_state::reserved ? nvme::status_queue_full.raw : nvme::status_timeout.raw;
     s.state = io_state::done;
   } else if (s.state == io_state::need_ticket) {
-    s.status = nvme::status_timeout.raw;
+    s.status = nvme::status_queue_full.raw;
     s.state = io_state::done;
   }
 }
