@@ -214,10 +214,26 @@ bool transport_selected(int t) {
   return false;
 }
 
+//! BAM_MATRIX_PAGES=16384,65536 runs the whole matrix with those page sizes
+//! only; unset: all of them.
+bool page_selected(std::size_t page) {
+  const char* env = std::getenv("BAM_MATRIX_PAGES");
+  if (env == nullptr || *env == 0) return true;
+  for (const char* p = env; *p != 0;) {
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(p, &end, 10);
+    if (end == p) break;
+    if (v == page) return true;
+    p = *end == ',' ? end + 1 : end;
+  }
+  return false;
+}
+
 TEST_CASE("overload matrix, every combination", "[.long][overload][matrix]") {
   const int transport = GENERATE(Catch::Generators::range(0, 5));
   if (!transport_selected(transport)) SKIP("transport " << transport << " not in BAM_MATRIX_TRANSPORTS");
   const std::size_t page = GENERATE(std::size_t{512}, std::size_t{4096}, std::size_t{16384}, std::size_t{65536});
+  if (!page_selected(page)) SKIP("page size " << page << " not in BAM_MATRIX_PAGES");
   const int cache = GENERATE(0, 1, 2);
   const op o = GENERATE(op::read, op::write, op::mixed);
   const std::uint64_t threads = GENERATE(std::uint64_t{4096}, many);
