@@ -149,11 +149,12 @@ bam::emu::fault_rule drop_all(bam::nvme::nvm_opcode op) {
   return r;
 }
 
-// check() reports the failures, the first of them a timeout.
-void require_timeout_reported(bam::array<std::uint32_t>& a) {
+// `op` throws a bam::error whose status is a timeout (`none`: what it means if it does not throw).
+template <class Op>
+void require_timeout_from(Op&& op, const char* none) {
   try {
-    a.check();
-    FAIL("the failures were not reported");
+    op();
+    FAIL(none);
   } catch (const bam::error& e) {
     INFO(e.what());
     REQUIRE(e.status().has_value());
@@ -161,16 +162,14 @@ void require_timeout_reported(bam::array<std::uint32_t>& a) {
   }
 }
 
+// check() reports the failures, the first of them a timeout.
+void require_timeout_reported(bam::array<std::uint32_t>& a) {
+  require_timeout_from([&] { a.check(); }, "the failures were not reported");
+}
+
 // flush() reports a write-back it cannot vouch for: a timeout.
 void require_flush_reports_timeout(bam::page_cache& cache) {
-  try {
-    cache.flush();
-    FAIL("flush() reported nothing");
-  } catch (const bam::error& e) {
-    INFO(e.what());
-    REQUIRE(e.status().has_value());
-    CHECK(*e.status() == bam::nvme::status_timeout);
-  }
+  require_timeout_from([&] { cache.flush(); }, "flush() reported nothing");
 }
 
 } // namespace
