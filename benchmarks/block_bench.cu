@@ -8,6 +8,7 @@
 //   block_bench --device emu-gpu:ram=8G --mode range --io-size 4096 --compare # 4 KiB random reads vs zero-copy
 //   block_bench --mode element --working-set-mib 512 --cache-mib 1024         # cache hits, element access
 //   block_bench --device /dev/bam-nvme0 --mode raw --op mix --read-percent 70 --json out.json
+//   block_bench --device emu:extents=/data/f.img --file /data/f.img --mode range --compare  # a file: bam vs pread vs KvikIO
 //
 // Modes: raw (GPU threads issue NVMe commands straight through the queues,
 // no cache), element (a[i], 32 lanes on consecutive elements of a page),
@@ -92,6 +93,15 @@ double percentile_us(const unsigned long long* hist, double q) {
   return bench::latency_bucket_ns(bench::latency_buckets - 1) / 1000.0;
 }
 
+//! The offsets' seed of the next launch. Every launch (calibration, warm-up,
+//! repetitions) draws new offsets: with the same ones, a launch that visits
+//! fewer pages than the cache holds would find the previous launch's pages
+//! cached, and report hits that a workload larger than the cache never gets.
+std::uint64_t next_seed() {
+  static std::uint64_t launches = 0;
+  return 12345 + 0x9e3779b97f4a7c15ull * ++launches;
+}
+
 //! Time `launch(ops_per_thread)`: a calibration run picks the operation count
 //! for about `o.seconds` a repetition; the median of `o.reps` is reported.
 template <class Launch>
@@ -158,9 +168,18 @@ void fill_storage(const bam::storage& s) {
 }
 
 run_result run_device(const options& o, const std::string& dev) {
+  // A device over the baselines' file (emu:file=F, emu:extents=F with F the
+  // --file): the file is written with the pattern once, before it is opened
+  // (extents are mapped at open, and read-only), and read by every path.
+  const bam::device_spec spec = bam::parse_device(dev);
+  const bool on_bench_file = spec.media == bam::media_kind::file && spec.ssds == 1 && spec.path == o.file;
+  if (on_bench_file) {
+    if (const std::string why = bench::prepare_file(o.file, std::uint64_t{o.file_mib} << 20); !why.empty())
+      throw std::runtime_error(why);
+  }
   bam::storage s(dev);
   const bool data = s.spec().kind != bam::device_kind::pci && s.spec().media != bam::media_kind::null;
-  if (data) fill_storage(s);
+  if (data && !on_bench_file) fill_storage(s);
   bench::workload w;
   w.unit_bytes = o.io_size;
   w.read_percent = o.op == "read" ? 100 : o.op == "write" ? 0 : o.read_percent;
@@ -206,6 +225,7 @@ run_result run_device(const options& o, const std::string& dev) {
         o,
         [&](std::uint32_t n, bench::stats* st) {
           w.ops_per_thread = n;
+          w.seed = next_seed(); // new offsets every launch (see next_seed)
           bench::raw_kernel<<<blocks, o.block_threads>>>(s.device_refs(), nctrl, map->bus_tables(), buf.data(),
                                                           slots, w, data, st);
         },
@@ -227,6 +247,7 @@ run_result run_device(const options& o, const std::string& dev) {
         o,
         [&](std::uint32_t n, bench::stats* st) {
           w.ops_per_thread = n;
+          w.seed = next_seed(); // new offsets every launch (see next_seed)
           launched_pages += warps * n;
           if (o.mode == "element")
             bench::array_kernel<bench::array_mode::element><<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
@@ -284,6 +305,7 @@ nlohmann::json gather_ceiling(const options& o, bool host, std::uint64_t bytes) 
       o,
       [&](std::uint32_t n, bench::stats* st) {
         w.ops_per_thread = n;
+        w.seed = next_seed();
         bench::gather_kernel<<<blocks, o.block_threads>>>(mem, bytes / o.io_size, w, st);
       },
       ops);
@@ -407,7 +429,7 @@ int main(int argc, char** argv) {
         c.push_back(host_json("POSIX pread (thread pool) + cudaMemcpy",
                               bench::pread_baseline(o.file, file_bytes, o.io_size, o.host_threads, host_ops), o.io_size));
         c.push_back(host_json("KvikIO pread into GPU memory",
-                              bench::kvikio_baseline(o.file, file_bytes, o.io_size, 64, host_ops), o.io_size));
+                              bench::kvikio_baseline(o.file, file_bytes, o.io_size, o.host_threads, 128, host_ops), o.io_size));
       }
       out["ceilings"] = c;
       std::printf("\nceilings and baselines, same run (%u-byte units):\n", o.io_size);

@@ -122,8 +122,10 @@ inline host_result pread_baseline(const std::string& path, std::uint64_t file_by
 }
 
 //! KvikIO's FileHandle::pread into GPU memory, `inflight` reads at a time
-//! (kvikio_baseline.cpp; a stub saying why when built without KvikIO).
-host_result kvikio_baseline(const std::string& path, std::uint64_t file_bytes, std::uint32_t io, unsigned inflight,
-                            std::uint64_t ops_total);
+//! on a pool of `threads` (as many as the pread baseline has), with
+//! O_DIRECT like every other path here (kvikio_baseline.cpp; a stub saying
+//! why when built without KvikIO).
+host_result kvikio_baseline(const std::string& path, std::uint64_t file_bytes, std::uint32_t io, unsigned threads,
+                            unsigned inflight, std::uint64_t ops_total);
 
 } // namespace bench

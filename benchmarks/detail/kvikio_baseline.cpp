@@ -10,15 +10,21 @@
 #include <cuda_runtime_api.h>
 
 #include <future>
+#include <string>
 
 namespace bench {
 
-host_result kvikio_baseline(const std::string& path, std::uint64_t file_bytes, std::uint32_t io, unsigned inflight,
-                            std::uint64_t ops_total) {
+host_result kvikio_baseline(const std::string& path, std::uint64_t file_bytes, std::uint32_t io, unsigned threads,
+                            unsigned inflight, std::uint64_t ops_total) {
   host_result r;
 #if defined(BAM_WITH_KVIKIO)
   void* dev = nullptr;
   try {
+    // Its defaults are one worker thread and buffered reads in compat mode:
+    // give it the pread baseline's threads, and O_DIRECT, so that it reads
+    // the disk and not the host's page cache.
+    kvikio::defaults::set_thread_pool_nthreads(threads);
+    kvikio::defaults::set_auto_direct_io_read(true);
     kvikio::FileHandle f(path, "r");
     const std::uint64_t units = file_bytes / io;
     if (cudaMalloc(&dev, static_cast<std::size_t>(inflight) * io) != cudaSuccess) throw std::runtime_error("cudaMalloc");
@@ -45,14 +51,15 @@ host_result kvikio_baseline(const std::string& path, std::uint64_t file_bytes, s
     r.bad = bad;
     r.ops_per_s = static_cast<double>(done) / r.seconds;
     r.gb_per_s = r.ops_per_s * io / 1e9;
-    r.why_not = f.get_compat_mode_manager().is_compat_mode_preferred() ? "compat mode (POSIX read + copy)"
-                                                                      : "GPUDirect Storage (cuFile)";
+    r.why_not = (f.get_compat_mode_manager().is_compat_mode_preferred() ? std::string("compat mode (POSIX read + copy)")
+                                                                       : std::string("GPUDirect Storage (cuFile)")) +
+                ", " + std::to_string(threads) + " threads, " + std::to_string(inflight) + " reads in flight";
   } catch (const std::exception& e) {
     r.why_not = std::string("KvikIO failed: ") + e.what();
   }
   if (dev != nullptr) cudaFree(dev);
 #else
-  (void)path, (void)file_bytes, (void)io, (void)inflight, (void)ops_total;
+  (void)path, (void)file_bytes, (void)io, (void)threads, (void)inflight, (void)ops_total;
   r.why_not = "built without KvikIO (configure with -DBAM_KVIKIO_ROOT=<site-packages with libkvikio>)";
 #endif
   return r;

@@ -237,6 +237,41 @@ TEST_CASE("a page whose flush timed out stays out of use, and misses on its set 
   require_flush_reports_timeout(cache);
 }
 
+namespace {
+
+// Block 0 pins page `held` (as a reader does while it reads it) and keeps the
+// pin until block 1 is done; block 1, one warp, reads page `missed` meanwhile
+// and says how long that took. Each wait is bounded, so that a broken cache
+// fails the test instead of hanging it.
+__global__ void miss_beside_held_pin_kernel(bam::array_ref<std::uint32_t> a, std::uint64_t held, std::uint64_t missed,
+                                            unsigned* flags, unsigned* held_state, unsigned long long* took_ns) {
+  using flag = cuda::atomic_ref<unsigned, cuda::thread_scope_device>;
+  const std::uint64_t give_up = bam::detail::now_ns() + 2'000'000'000ull;
+  if (blockIdx.x == 0) {
+    if (threadIdx.x != 0) return;
+    const bam::pin_result p = a.cache.pin(a.key_of(held * 1024), false);
+    *held_state = static_cast<unsigned>(p.state);
+    flag(flags[0]).store(1, cuda::memory_order_release);
+    if (p.state != bam::pin_state::hit) return;
+    while (flag(flags[1]).load(cuda::memory_order_acquire) == 0 && bam::detail::now_ns() < give_up) {
+    }
+    a.cache.release_read(p.slot, 0);
+    return;
+  }
+  while (flag(flags[0]).load(cuda::memory_order_acquire) == 0 && bam::detail::now_ns() < give_up) {
+  }
+  const std::uint64_t t0 = bam::detail::now_ns();
+  volatile std::uint32_t sink = a[missed * 1024 + threadIdx.x];
+  (void)sink;
+  __syncwarp();
+  if (threadIdx.x == 0) {
+    *took_ns = bam::detail::now_ns() - t0;
+    flag(flags[1]).store(1, cuda::memory_order_release);
+  }
+}
+
+} // namespace
+
 TEST_CASE("a write-back that times out during a miss keeps its slot out of use, and each flush reports the page",
           "[gpu][cache]") {
   bam::storage s("emu-gpu:hbm=8M,queues=4,depth=16,timeout=200ms");
@@ -265,6 +300,22 @@ TEST_CASE("a write-back that times out during a miss keeps its slot out of use, 
   const double one = seconds_of([&] { page_per_warp_kernel<<<1, 32>>>(a.ref(), 2, 1024); });
   INFO("one miss on the set took " << one * 1e3 << " ms");
   CHECK(one < 0.1);
+  require_timeout_reported(a);
+  // The lost page stays readable. A reader that holds it pinned frees
+  // nothing: a miss on its set still fails at once, not after a deadline.
+  bam::device_buffer<unsigned> flags(2);
+  bam::device_buffer<unsigned> held_state(1);
+  bam::device_buffer<unsigned long long> took(1);
+  BAM_CUDA_TRY(cudaMemset(flags.get(), 0, 2 * sizeof(unsigned)));
+  miss_beside_held_pin_kernel<<<2, 32>>>(a.ref(), 0, 3, flags.get(), held_state.get(), took.get());
+  BAM_TEST_SYNC();
+  unsigned state = 0;
+  unsigned long long ns = 0;
+  bam::copy_to_host(&state, held_state.get(), 1);
+  bam::copy_to_host(&ns, took.get(), 1);
+  REQUIRE(state == static_cast<unsigned>(bam::pin_state::hit));
+  INFO("a miss beside the pinned lost page took " << ns / 1e6 << " ms");
+  CHECK(ns < 100'000'000ull);
   require_timeout_reported(a);
 }
 
@@ -314,6 +365,25 @@ TEST_CASE("a miss that waits for another warp's load waits as long as the load d
   // They did wait longer than a deadline (else this proves nothing) ...
   CHECK(ns > 300'000'000ull);
   // ... and the load they waited for ended it, not their own deadline.
+  REQUIRE_NOTHROW(a.check());
+  CHECK(r.done == 15);
+  CHECK(r.bad == 0);
+}
+
+TEST_CASE("a deadline too large to add to the clock means no deadline", "[gpu][cache]") {
+  // The same waits as above, on a cache whose deadline is the largest value:
+  // every wait must last as long as its command does, none end at once.
+  bam::storage s("emu-gpu:hbm=8M,queues=1,depth=2,iops=100");
+  bam_test::fill_pattern(s);
+  bam::page_cache cache({.page_size = 4096, .capacity = 1 << 20, .timeout_ns = ~0ull});
+  bam::array<std::uint32_t> a(cache, s, (8ull << 20) / 4);
+  const layout l{0, 4096, 512, 1};
+  device_counters c;
+  bam::device_buffer<unsigned long long> waited(1);
+  BAM_CUDA_TRY(cudaMemset(waited.get(), 0, sizeof(unsigned long long)));
+  wait_for_queued_load_kernel<<<16, 32>>>(a.ref(), l, c.ptr(), waited.get());
+  BAM_TEST_SYNC();
+  const counters r = c.get();
   REQUIRE_NOTHROW(a.check());
   CHECK(r.done == 15);
   CHECK(r.bad == 0);

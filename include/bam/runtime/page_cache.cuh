@@ -21,9 +21,11 @@
 //!    of progress, not queueing (detail/page_cache_ref.cuh says how).
 //!  - Every wait has a deadline (`page_cache_config::timeout_ns`).
 //!  - A slot whose load or write-back timed out stays out of use for the
-//!    cache's lifetime (the command may still land in it or read it); once
-//!    every slot of a set is such (or holds a page whose write-back failed),
-//!    misses on that set fail at once with a timeout status. A miss whose
+//!    cache's lifetime (the command may still land in it or read it), also
+//!    while readers pin its page; once every slot of a set is such (or holds
+//!    a page whose write-back failed), misses on that set fail at once with
+//!    a timeout status. A timeout too large to add to the clock is no
+//!    deadline at all. A miss whose
 //!    set changed in nothing for a whole deadline fails, and so do the
 //!    misses queued behind it on that set, when their turn comes.
 //!

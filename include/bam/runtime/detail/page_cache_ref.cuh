@@ -87,18 +87,22 @@ struct cache_set {
   std::uint32_t doom_marker;
 };
 
-//! What of a slot's state word says whether the slot can be taken, or is
-//! being filled: the tag and state bits, and whether it is pinned at all.
-//! Pin counts and the clock bit move with every hit and say nothing about
-//! progress, so waits do not watch them.
-BAM_HD inline std::uint64_t slot_progress_bits(std::uint64_t word) {
-  return (word & ~(slot_pin_mask | slot_referenced)) | ((word & slot_pin_mask) != 0 ? 1u : 0u);
+//! A slot out of use for good: busy with nothing that will end it (a load or
+//! write-back that timed out and may still land or read it). Pins do not
+//! change that: a page lost to a write-back stays readable, and readers that
+//! keep pinning it never make the slot free.
+BAM_HD inline bool slot_lost(std::uint64_t word) {
+  return (word & slot_busy) != 0 && (word & (slot_error | slot_wb_failed)) != 0;
 }
 
-//! A slot out of use for good: busy with nothing that will end it (a load or
-//! write-back that timed out and may still land or read it) and unpinned.
-BAM_HD inline bool slot_lost(std::uint64_t word) {
-  return (word & slot_pin_mask) == 0 && (word & slot_busy) != 0 && (word & (slot_error | slot_wb_failed)) != 0;
+//! What of a slot's state word says whether the slot can be taken, or is
+//! being filled: the tag and state bits, and whether it is pinned at all
+//! (not for a lost slot, whose pins free nothing). Pin counts and the clock
+//! bit move with every hit and say nothing about progress, so waits do not
+//! watch them.
+BAM_HD inline std::uint64_t slot_progress_bits(std::uint64_t word) {
+  const bool pinned = (word & slot_pin_mask) != 0 && !slot_lost(word);
+  return (word & ~(slot_pin_mask | slot_referenced)) | (pinned ? 1u : 0u);
 }
 
 //! A load or write-back of the slot is in flight: its owner will end it.
@@ -635,7 +639,11 @@ BAM_DEVICE BAM_NOINLINE inline void page_cache_ref::resolve(detail::page_request
       r.wait.restart();
     } else if (!r.settled()) {
       const wait_marker m = marker(r);
-      if (r.wait.expired(m.value, m.on_io ? timeout_ns * io_wait_backstop : timeout_ns)) abandon(r);
+      // (Saturated: a deadline of 2^61 ns or more is "never" all the same.)
+      const std::uint64_t limit = !m.on_io                                   ? timeout_ns
+                                  : timeout_ns > ~0ull / io_wait_backstop ? ~0ull
+                                                                          : timeout_ns * io_wait_backstop;
+      if (r.wait.expired(m.value, limit)) abandon(r);
     }
     if (__any_sync(mask, moved) || io_moved) {
       idle = 0;

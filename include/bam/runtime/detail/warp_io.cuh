@@ -193,6 +193,11 @@ BAM_DEVICE inline void io_abandon(io_slot& s) {
   }
 }
 
+//! `now + timeout_ns`, saturated: a timeout too large to add is "never".
+BAM_HD inline std::uint64_t deadline_after(std::uint64_t now, std::uint64_t timeout_ns) {
+  return timeout_ns > ~0ull - now ? ~0ull : now + timeout_ns;
+}
+
 //! A warp's deadline: read the clock only when a round moved nothing;
 //! restart while the progress marker (summed over the warp) changes.
 struct warp_deadline {
@@ -213,7 +218,7 @@ struct warp_deadline {
     const std::uint64_t now = now_ns();
     const std::uint32_t m = __reduce_add_sync(mask, lane_marker);
     if (deadline == 0 || m != marker) {
-      deadline = now + timeout_ns;
+      deadline = deadline_after(now, timeout_ns);
       marker = m;
       return false;
     }
@@ -241,7 +246,7 @@ struct lane_wait {
   BAM_DEVICE bool expired(std::uint32_t lane_marker, std::uint64_t timeout_ns) {
     const std::uint64_t now = now_ns();
     if (deadline == 0 || lane_marker != marker) {
-      deadline = now + timeout_ns;
+      deadline = deadline_after(now, timeout_ns);
       marker = lane_marker;
       return false;
     }
