@@ -366,6 +366,26 @@ int run_typed(const aggregate_options& o, const manifest& m) {
     placement = "on the device at byte " + std::to_string(m.device->offset) + " (manifest)";
   }
 
+  // ---- the hot set: the rows of the highest in-degree, in pinned host memory
+  std::optional<hot_rows<T>> hot;
+  std::vector<bool> is_hot;
+  double hot_seconds = 0;
+  if (o.hot_percent > 0) {
+    const auto t0 = clock_type::now();
+    const auto k = static_cast<std::uint64_t>(static_cast<double>(m.nodes) * o.hot_percent / 100.0 + 0.5);
+    const std::vector<std::uint64_t> hot_ids = hottest_nodes(indices, m.nodes, k);
+    hot.emplace(feats, dim, hot_ids);
+    is_hot.assign(m.nodes, false);
+    for (const std::uint64_t id : hot_ids)
+      is_hot[id] = true;
+    hot_seconds = seconds_since(t0);
+    if (text)
+      std::printf("hot set: %llu rows (%.1f MiB of pinned host memory, the highest in-degree), read through the "
+                  "cache into host memory in %.2f s\n",
+                  static_cast<unsigned long long>(hot->size()), static_cast<double>(hot->bytes()) / (1 << 20),
+                  hot_seconds);
+  }
+
   // ---- buffers, sized for the largest batch the fanouts allow
   const std::vector<std::uint64_t> cap = hop_capacities(m.nodes, o.batch_size, fanouts);
   std::uint64_t cand_cap = o.batch_size;
@@ -446,7 +466,10 @@ int run_typed(const aggregate_options& o, const manifest& m) {
       count[l + 1] = unique_into(count[l] + n, d_nodes[l + 1].get());
     }
     BAM_CUDA_TRY(cudaEventRecord(e_sampled.e, stream));
-    bam::gather_rows(feats, d_nodes[hops].get(), count[hops], dim, d_rows.get(), stream);
+    if (hot)
+      bam::gather_rows(feats, d_nodes[hops].get(), count[hops], dim, d_rows.get(), *hot, stream);
+    else
+      bam::gather_rows(feats, d_nodes[hops].get(), count[hops], dim, d_rows.get(), stream);
     BAM_CUDA_TRY(cudaEventRecord(e_gathered.e, stream));
     for (std::uint32_t l = hops; l-- > 0;) {
       const std::uint64_t n = count[l] * (1ull + fanouts[l]);
@@ -519,7 +542,7 @@ int run_typed(const aggregate_options& o, const manifest& m) {
   // ---- the timed batches
   const page_cache_counters before = cache.counters(stream);
   double t_sample = 0, t_gather = 0, t_aggregate = 0, t_total = 0, first_batch = 0;
-  std::uint64_t rows_total = 0, page_visits = 0, verified_rows = 0, verified_batches = 0;
+  std::uint64_t rows_total = 0, page_visits = 0, hot_visits = 0, verified_rows = 0, verified_batches = 0;
   std::vector<std::uint64_t> hop_nodes_total(hops + 1, 0);
   std::vector<std::vector<std::uint64_t>> batch_ids; // the rows each batch gathered (for --compare)
   std::vector<unsigned char> reference0;             // batch 0's expected rows (for --compare)
@@ -540,8 +563,13 @@ int run_typed(const aggregate_options& o, const manifest& m) {
     // Outside the timed part: the ids (for the hit rate, the baselines and the check).
     ids.resize(count[hops]);
     copy_to_host(ids.data(), d_nodes[hops].get(), ids.size(), stream);
-    for (const std::uint64_t id : ids)
+    for (const std::uint64_t id : ids) {
+      if (hot && is_hot[id]) {
+        ++hot_visits; // read from host memory: no page visited
+        continue;
+      }
       page_visits += row_pages(id, rb, o.page_size);
+    }
     if (b < o.verify_batches || (o.compare && b == 0)) {
       std::vector<unsigned char> got(ids.size() * rb), want(ids.size() * rb);
       copy_to_host(reinterpret_cast<T*>(got.data()), d_rows.get(), ids.size() * dim, stream);
@@ -594,6 +622,8 @@ int run_typed(const aggregate_options& o, const manifest& m) {
   path_result bam_path;
   bam_path.path = "bam";
   bam_path.what = "bam::gather_rows through the page cache (" + dev + ")";
+  if (hot)
+    bam_path.what += " + a hot set of " + std::to_string(hot->size()) + " rows in pinned host memory";
   bam_path.ran = true;
   bam_path.seconds = t_gather;
   bam_path.rows = rows_total;
@@ -617,6 +647,10 @@ int run_typed(const aggregate_options& o, const manifest& m) {
     std::printf("\npage cache: hit rate %.1f%% (%llu pages loaded for %llu page visits)\n",
                 100 * hit_rate, static_cast<unsigned long long>(misses),
                 static_cast<unsigned long long>(page_visits));
+    if (hot)
+      std::printf("hot set: %.1f%% of the rows gathered came from host memory (%llu of %llu)\n",
+                  rows_total ? 100.0 * static_cast<double>(hot_visits) / static_cast<double>(rows_total) : 0.0,
+                  static_cast<unsigned long long>(hot_visits), static_cast<unsigned long long>(rows_total));
     if (verified_rows != 0)
       std::printf("verified: the %llu rows gathered in the first %llu batch(es) equal the %s\n",
                   static_cast<unsigned long long>(verified_rows),
@@ -824,6 +858,15 @@ int run_typed(const aggregate_options& o, const manifest& m) {
                          {"total", 1e3 * t_total / nb},
                          {"first_batch", 1e3 * first_batch}};
     j["cache"] = {{"hit_rate", hit_rate}, {"pages_loaded", misses}, {"page_visits", page_visits}};
+    if (hot)
+      j["hot_set"] = {{"percent", o.hot_percent},
+                      {"rows", hot->size()},
+                      {"bytes", hot->bytes()},
+                      {"chosen_by", "in-degree"},
+                      {"fill_seconds", hot_seconds},
+                      {"row_visits", hot_visits},
+                      {"row_visit_fraction",
+                       rows_total ? static_cast<double>(hot_visits) / static_cast<double>(rows_total) : 0.0}};
     j["verified_rows"] = verified_rows;
     j["verified_batches"] = verified_batches;
     j["gather"] = path_json(bam_path, best);

@@ -241,6 +241,10 @@ int main(int argc, char** argv) {
   aggregate->add_flag("--compare", ao.compare,
                       "gather the same batches' rows by CPU threads, GPU zero-copy, mmap and from GPU memory");
   aggregate->add_option("--host-threads", ao.host_threads, "CPU threads of the baselines (default: --threads, all cores)");
+  aggregate->add_option("--hot-percent", ao.hot_percent,
+                        "keep this percentage of the rows, those of the highest in-degree, in pinned host memory "
+                        "and read them zero-copy instead of through the cache (a hot set; default 0)")
+      ->check(CLI::Range(0.0, 100.0));
 
   CLI11_PARSE(app, argc, argv);
   std::signal(SIGINT, on_interrupt);

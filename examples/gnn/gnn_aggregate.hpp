@@ -56,6 +56,33 @@ inline std::vector<std::uint32_t> parse_fanouts(const std::string& text) {
   return out;
 }
 
+//! The `k` nodes with the highest in-degree (the nodes sampled most often),
+//! ties to the lower id, in increasing id order: the hot set GIDS keeps in
+//! host memory. `indices` holds the CSR's neighbour ids (each one an
+//! incoming edge of that node). Throws `bam::error` for an id outside
+//! [0, nodes).
+inline std::vector<std::uint64_t> hottest_nodes(const std::vector<std::int32_t>& indices, std::uint64_t nodes,
+                                                std::uint64_t k) {
+  std::vector<std::uint64_t> degree(nodes, 0);
+  for (const std::int32_t v : indices) {
+    if (v < 0 || static_cast<std::uint64_t>(v) >= nodes)
+      detail::gnn_fail("neighbour id " + std::to_string(v) + " is outside the graph's " + std::to_string(nodes) +
+                       " nodes");
+    ++degree[static_cast<std::uint64_t>(v)];
+  }
+  k = std::min(k, nodes);
+  std::vector<std::uint64_t> ids(nodes);
+  for (std::uint64_t i = 0; i < nodes; ++i)
+    ids[i] = i;
+  const auto hotter = [&](std::uint64_t a, std::uint64_t b) {
+    return degree[a] != degree[b] ? degree[a] > degree[b] : a < b;
+  };
+  std::nth_element(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), hotter);
+  ids.resize(k);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
 //! Upper bounds of the unique nodes of each hop's node set: hop 0 holds the
 //! seeds, hop l + 1 the nodes of hop l and their sampled neighbours.
 inline std::vector<std::uint64_t> hop_capacities(std::uint64_t nodes, std::uint64_t batch,
@@ -352,6 +379,7 @@ struct aggregate_options {
   bool compare = false;
   bool quiet = false;
   unsigned host_threads = 0; //!< CPU baselines (0: all cores)
+  double hot_percent = 0;    //!< rows of the highest in-degree kept in pinned host memory (bam::hot_rows)
 };
 
 //! Runs `bam-gnn aggregate` (aggregate.cu; a build without CUDA says so).

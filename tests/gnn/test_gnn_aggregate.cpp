@@ -13,6 +13,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <cstdio>
@@ -78,6 +79,35 @@ TEST_CASE("hop capacities: seeds, then each hop's nodes and samples, never more 
         std::vector<std::uint64_t>{1024, 16384, 50'000, 50'000});
   // No overflow on absurd sizes.
   CHECK(hop_capacities(~0ull / 2, ~0ull / 4, {1024, 1024}).back() == ~0ull / 2);
+}
+
+TEST_CASE("the hot set is the nodes of the highest in-degree, ties to the lower id", "[gnn][aggregate]") {
+  // In-degrees: node 0: 1, node 1: 3, node 2: 0, node 3: 3, node 4: 2.
+  const std::vector<std::int32_t> indices{1, 3, 1, 4, 3, 0, 1, 3, 4};
+  CHECK(bam::gnn::hottest_nodes(indices, 5, 1) == std::vector<std::uint64_t>{1});
+  CHECK(bam::gnn::hottest_nodes(indices, 5, 2) == std::vector<std::uint64_t>{1, 3});
+  CHECK(bam::gnn::hottest_nodes(indices, 5, 3) == std::vector<std::uint64_t>{1, 3, 4});
+  CHECK(bam::gnn::hottest_nodes(indices, 5, 4) == std::vector<std::uint64_t>{0, 1, 3, 4});
+  CHECK(bam::gnn::hottest_nodes(indices, 5, 0).empty());
+  CHECK(bam::gnn::hottest_nodes(indices, 5, 99).size() == 5);
+  // A power-law graph: the chosen nodes' in-degrees are at least every other node's.
+  std::vector<std::int32_t> many;
+  std::mt19937_64 rng(7);
+  for (int k = 0; k < 20000; ++k)
+    many.push_back(static_cast<std::int32_t>(std::min<std::uint64_t>(rng() % 1000, rng() % 1000)));
+  const std::vector<std::uint64_t> hot = bam::gnn::hottest_nodes(many, 1000, 50);
+  REQUIRE(hot.size() == 50);
+  std::vector<int> degree(1000, 0);
+  for (const std::int32_t v : many)
+    ++degree[static_cast<std::size_t>(v)];
+  int coldest_hot = 1 << 30, hottest_cold = 0;
+  for (std::uint64_t v = 0; v < 1000; ++v) {
+    const bool in = std::find(hot.begin(), hot.end(), v) != hot.end();
+    if (in) coldest_hot = std::min(coldest_hot, degree[v]);
+    else hottest_cold = std::max(hottest_cold, degree[v]);
+  }
+  CHECK(coldest_hot >= hottest_cold);
+  CHECK_THROWS_WITH(bam::gnn::hottest_nodes({0, 5}, 5, 1), ContainsSubstring("neighbour id 5 is outside"));
 }
 
 TEST_CASE("pages a row touches", "[gnn][aggregate]") {
@@ -163,6 +193,9 @@ TEST_CASE("bam-gnn aggregate refuses bad input before it needs a GPU", "[gnn][ag
   r = bam_gnn("aggregate " + dir + " --page-size 3000");
   CHECK(r.status == 1);
   CHECK_THAT(r.out, ContainsSubstring("--page-size 3000"));
+  r = bam_gnn("aggregate " + dir + " --hot-percent 150");
+  CHECK(r.status != 0);
+  CHECK_THAT(r.out, ContainsSubstring("--hot-percent"));
 }
 
 TEST_CASE("the table is striped onto controllers page by page, as bam::array reads it",

@@ -11,6 +11,7 @@
 #include <catch2/catch_template_test_macros.hpp>
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/generators/catch_generators.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <cstdint>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include <vector>
 
 using bam_test::layout;
+using Catch::Matchers::ContainsSubstring;
 
 namespace {
 
@@ -98,7 +100,110 @@ __global__ void row_sum_kernel(bam::array_ref<T> a, const std::uint64_t* ids, st
   }
 }
 
+//! `row_sum_kernel` with a hot set: the five-argument gather_row.
+__global__ void hot_row_sum_kernel(bam::array_ref<std::uint32_t> a, bam::hot_rows_ref<std::uint32_t> hot,
+                                   const std::uint64_t* ids, std::uint64_t count, std::uint64_t width,
+                                   std::uint32_t* scratch, unsigned long long* sums) {
+  const std::uint64_t warp = (blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x) / 32;
+  const std::uint64_t warps = static_cast<std::uint64_t>(gridDim.x) * blockDim.x / 32;
+  const unsigned lane = threadIdx.x % 32;
+  std::uint32_t* row = scratch + warp * width;
+  for (std::uint64_t r = warp; r < count; r += warps) {
+    bam::gather_row(a, ids[r], width, row, hot);
+    __syncwarp();
+    unsigned long long s = 0;
+    for (std::uint64_t c = lane; c < width; c += 32)
+      s += row[c];
+    for (int o = 16; o > 0; o /= 2)
+      s += __shfl_down_sync(0xffffffffu, s, o);
+    if (lane == 0) sums[r] = s;
+    __syncwarp();
+  }
+}
+
 } // namespace
+
+TEST_CASE("a hot set serves its rows from host memory, the others through the cache", "[gpu][row_gather]") {
+  constexpr std::uint32_t page = 4096;
+  bam::storage s(hbm(8, 1));
+  bam_test::fill_pattern(s);
+  bam::page_cache cache({.page_size = page, .capacity = 256 << 10});
+  const std::uint64_t width = 700; // rows straddle pages
+  const std::uint64_t n = (4ull << 20) / 4;
+  bam::array<std::uint32_t> a(cache, s, n);
+  const layout l{0, page, s.lba_size(), 1};
+  const std::uint64_t rows = n / width;
+  std::vector<std::uint64_t> hot_ids;
+  for (std::uint64_t r = 5; r < rows; r += 7)
+    hot_ids.push_back(r);
+  hot_ids.push_back(rows - 1);
+  bam::hot_rows<std::uint32_t> hot(a, width, hot_ids);
+  REQUIRE(hot.size() == hot_ids.size());
+  CHECK(hot.bytes() == hot_ids.size() * width * 4);
+  REQUIRE_NOTHROW(a.check());
+
+  // Hot rows only (repeated, shuffled), on a cache emptied of them: every
+  // row right, and not one page loaded.
+  {
+    bam::page_cache other({.page_size = page, .capacity = 256 << 10});
+    bam::array<std::uint32_t> b(other, s, n);
+    bam::hot_rows<std::uint32_t> hot_b(b, width, hot_ids);
+    std::vector<std::uint64_t> ids;
+    for (std::uint64_t k = 0; k < 3 * hot_ids.size(); ++k)
+      ids.push_back(hot_ids[(k * 7919) % hot_ids.size()]);
+    const auto before = other.counters();
+    bam::device_buffer<std::uint64_t> d_ids(ids.size());
+    bam::copy_to_device(d_ids.get(), ids.data(), ids.size());
+    bam::device_buffer<std::uint32_t> out(ids.size() * width);
+    bam::gather_rows(b, d_ids.get(), ids.size(), width, out.get(), hot_b);
+    BAM_TEST_SYNC();
+    REQUIRE_NOTHROW(b.check());
+    CHECK(other.counters().misses == before.misses);
+    std::vector<std::uint32_t> got(ids.size() * width);
+    bam::copy_to_host(got.data(), out.get(), got.size());
+    std::string first;
+    CHECK(wrong_elements(l, ids, width, got, first) == 0);
+  }
+
+  // Hot and cold rows mixed, from a user kernel: every row's sum right; the
+  // cold ones are loaded through the cache.
+  std::vector<std::uint64_t> ids(rows);
+  for (std::uint64_t r = 0; r < rows; ++r)
+    ids[r] = (r * 7919) % rows;
+  bam::device_buffer<std::uint64_t> d_ids(rows);
+  bam::copy_to_device(d_ids.get(), ids.data(), rows);
+  const unsigned blocks = 32, threads = 128;
+  bam::device_buffer<std::uint32_t> scratch(static_cast<std::size_t>(blocks) * threads / 32 * width);
+  bam::device_buffer<unsigned long long> sums(rows);
+  const auto before = cache.counters();
+  hot_row_sum_kernel<<<blocks, threads>>>(a.ref(), hot.ref(), d_ids.get(), rows, width, scratch.get(), sums.get());
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(a.check());
+  CHECK(cache.counters().misses > before.misses);
+  std::vector<unsigned long long> got(rows);
+  bam::copy_to_host(got.data(), sums.get(), rows);
+  std::uint64_t bad = 0;
+  for (std::uint64_t r = 0; r < rows; ++r) {
+    unsigned long long want = 0;
+    for (std::uint64_t c = 0; c < width; ++c)
+      want += l.expected(ids[r] * width + c);
+    bad += got[r] != want;
+  }
+  CHECK(bad == 0);
+
+  // Bad input is refused, naming it.
+  CHECK_THROWS_WITH(bam::hot_rows<std::uint32_t>(a, width, {3, 4, 3}), ContainsSubstring("row 3 is given twice"));
+  CHECK_THROWS_WITH(bam::hot_rows<std::uint32_t>(a, width, {rows}), ContainsSubstring("past the table"));
+  CHECK_THROWS_WITH(bam::hot_rows<std::uint32_t>(a, 0, {1}), ContainsSubstring("row width 0"));
+  CHECK_THROWS_WITH(bam::gather_rows(a, d_ids.get(), 1, width + 1, scratch.get(), hot),
+                    ContainsSubstring("hot set holds rows of 700 elements"));
+  // An empty hot set reads everything through the cache.
+  bam::hot_rows<std::uint32_t> none(a, width, {});
+  CHECK(none.size() == 0);
+  bam::gather_rows(a, d_ids.get(), 8, width, scratch.get(), none);
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(a.check());
+}
 
 TEMPLATE_TEST_CASE("gather_rows: rows straddling pages, repeated ids, every element size",
                    "[gpu][row_gather]", std::uint8_t, std::uint16_t, std::uint32_t, std::uint64_t) {

@@ -11,6 +11,14 @@
 //!    function: row `d_ids[k]` into `d_out + k * row_width` for every k, one
 //!    warp per row, on `stream`. Ids may repeat.
 //!
+//!  - `bam::hot_rows<T>(a, row_width, ids)`: a hot set: a copy of rows `ids`
+//!    (e.g. the most referenced nodes of a graph) in pinned host memory,
+//!    which `gather_row(a, id, row_width, out, hot.ref())` and
+//!    `gather_rows(a, d_ids, count, row_width, d_out, hot, stream)` read
+//!    zero-copy over PCIe instead of through the page cache: those rows
+//!    never cost a miss nor take a cache slot. A snapshot, taken when it is
+//!    made: for tables that are read, not written.
+//!
 //! An id past the last whole row is recorded in the array's error record
 //! (index: the element index `id * row_width` of the row's first element,
 //! status Out of Range), its output row is set to T{}, and the next
@@ -33,9 +41,11 @@
 #include <bam/cuda.cuh>
 #include <bam/runtime/array.cuh>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace bam {
 
@@ -66,6 +76,36 @@ BAM_DEVICE bool gather_row(const array_ref<T>& a, std::uint64_t id, std::uint64_
   return a.copy_to(id * row_width, row_width, out);
 }
 
+//! Device view of a `hot_rows<T>`; the default one holds nothing.
+template <class T>
+struct hot_rows_ref {
+  const std::int32_t* slot_of = nullptr; //!< per row id below `rows`: its place in `data`, or -1
+  const T* data = nullptr;               //!< the hot rows, row-major (pinned host memory, mapped)
+  std::uint64_t rows = 0;                //!< ids `slot_of` covers: the table's whole rows
+  std::uint64_t row_width = 0;
+
+  //! Row `id` in host memory, or nullptr when it is not hot.
+  BAM_DEVICE const T* find(std::uint64_t id) const {
+    if (id >= rows) return nullptr;
+    const std::int32_t k = slot_of[id];
+    return k < 0 ? nullptr : data + static_cast<std::uint64_t>(k) * row_width;
+  }
+};
+
+//! The whole warp copies row `id` into `out[0..row_width)`: from the hot
+//! set's host memory when the row is hot (and `row_width` is the hot set's),
+//! else through the page cache as `gather_row` above.
+template <class T>
+BAM_DEVICE bool gather_row(const array_ref<T>& a, std::uint64_t id, std::uint64_t row_width, T* out,
+                           const hot_rows_ref<T>& hot) {
+  if (const T* h = row_width == hot.row_width ? hot.find(id) : nullptr; h != nullptr) {
+    for (std::uint64_t k = detail::lane_id(); k < row_width; k += 32)
+      out[k] = h[k];
+    return true;
+  }
+  return gather_row(a, id, row_width, out);
+}
+
 namespace detail {
 
 //! Threads per block of `gather_rows_kernel`.
@@ -76,18 +116,103 @@ inline constexpr unsigned gather_max_blocks = 1u << 15;
 template <class T, class Id>
 __global__ void __launch_bounds__(gather_block_threads)
     gather_rows_kernel(array_ref<T> a, const Id* ids, std::uint64_t count, std::uint64_t row_width,
-                       T* out) {
+                       T* out, hot_rows_ref<T> hot) {
   const std::uint64_t warp =
       (blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x) / 32;
   const std::uint64_t warps = static_cast<std::uint64_t>(gridDim.x) * blockDim.x / 32;
   for (std::uint64_t r = warp; r < count; r += warps) {
     // A negative id converts to a huge one: out of range.
     const auto id = static_cast<std::uint64_t>(ids[r]);
-    gather_row(a, id, row_width, out + r * row_width);
+    gather_row(a, id, row_width, out + r * row_width, hot);
   }
 }
 
+template <class T, class Id>
+void launch_gather_rows(array<T>& a, const Id* d_ids, std::uint64_t count, std::uint64_t row_width, T* d_out,
+                        const hot_rows_ref<T>& hot, cudaStream_t stream) {
+  static_assert(std::is_integral_v<Id>, "row ids are integers");
+  if (row_width == 0 || row_width > a.size())
+    throw error("bam::gather_rows: row width " + std::to_string(row_width) + " (1 to the array's " +
+                std::to_string(a.size()) + " elements)");
+  if (count == 0) return;
+  constexpr std::uint64_t warps_per_block = gather_block_threads / 32;
+  const std::uint64_t blocks = (count + warps_per_block - 1) / warps_per_block;
+  const unsigned grid = static_cast<unsigned>(blocks < gather_max_blocks ? blocks : gather_max_blocks);
+  gather_rows_kernel<T, Id><<<grid, gather_block_threads, 0, stream>>>(a.ref(), d_ids, count, row_width, d_out, hot);
+  BAM_CUDA_TRY(cudaGetLastError());
+}
+
 } // namespace detail
+
+//! A hot set: a copy of some rows of a table in pinned host memory, read by
+//! the GPU zero-copy instead of through the page cache (see the top of this
+//! file). Owns the host copy and the GPU's per-row index (4 bytes a row of
+//! the table).
+template <class T>
+class hot_rows {
+public:
+  //! Copies rows `ids` of `a` (rows of `row_width` elements) through the
+  //! page cache now. Throws `bam::error` (EINVAL) for an id past the last
+  //! whole row, an id given twice, more than 2^31 - 1 rows, or a bad width;
+  //! a failed read throws as `a.check` does.
+  hot_rows(array<T>& a, std::uint64_t row_width, const std::vector<std::uint64_t>& ids,
+           cudaStream_t stream = nullptr)
+      : row_width_(row_width), rows_(row_width == 0 ? 0 : a.size() / row_width) {
+    if (row_width == 0 || row_width > a.size())
+      throw error("bam::hot_rows: row width " + std::to_string(row_width) + " (1 to the array's " +
+                      std::to_string(a.size()) + " elements)",
+                  einval());
+    if (ids.size() > 0x7fffffffu)
+      throw error("bam::hot_rows: " + std::to_string(ids.size()) + " rows, more than 2^31 - 1", einval());
+    std::vector<std::int32_t> slot(rows_, -1);
+    for (std::size_t k = 0; k < ids.size(); ++k) {
+      if (ids[k] >= rows_)
+        throw error("bam::hot_rows: row " + std::to_string(ids[k]) + " is past the table's " +
+                        std::to_string(rows_) + " whole rows",
+                    einval());
+      if (slot[ids[k]] >= 0)
+        throw error("bam::hot_rows: row " + std::to_string(ids[k]) + " is given twice", einval());
+      slot[ids[k]] = static_cast<std::int32_t>(k);
+    }
+    slot_of_ = device_buffer<std::int32_t>(rows_);
+    copy_to_device(slot_of_.get(), slot.data(), rows_);
+    if (ids.empty()) return;
+    data_ = pinned_buffer<T>(ids.size() * row_width);
+    // Through the cache, a bounded number of rows at a time (a GPU buffer of
+    // about 64 MiB), straight into the host copy.
+    const std::uint64_t step =
+        std::max<std::uint64_t>(1, (std::uint64_t{64} << 20) / (row_width * sizeof(T)));
+    const std::uint64_t chunk = std::min<std::uint64_t>(step, ids.size());
+    device_buffer<std::uint64_t> d_ids(chunk);
+    device_buffer<T> d_rows(chunk * row_width);
+    for (std::uint64_t first = 0; first < ids.size(); first += step) {
+      const std::uint64_t n = std::min<std::uint64_t>(step, ids.size() - first);
+      BAM_CUDA_TRY(cudaMemcpyAsync(d_ids.get(), ids.data() + first, n * sizeof(std::uint64_t),
+                                   cudaMemcpyHostToDevice, stream));
+      detail::launch_gather_rows(a, d_ids.get(), n, row_width, d_rows.get(), hot_rows_ref<T>{}, stream);
+      BAM_CUDA_TRY(cudaMemcpyAsync(data_.get() + first * row_width, d_rows.get(), n * row_width * sizeof(T),
+                                   cudaMemcpyDeviceToHost, stream));
+      BAM_CUDA_TRY(cudaStreamSynchronize(stream));
+    }
+    a.check(stream);
+    count_ = ids.size();
+  }
+
+  hot_rows_ref<T> ref() const { return {slot_of_.get(), data_.get(), rows_, row_width_}; }
+  std::uint64_t size() const { return count_; }              //!< hot rows
+  std::uint64_t row_width() const { return row_width_; }
+  std::uint64_t bytes() const { return count_ * row_width_ * sizeof(T); } //!< pinned host memory they take
+
+private:
+  static error_context einval() {
+    error_context c;
+    c.errnum = EINVAL;
+    return c;
+  }
+  std::uint64_t row_width_ = 0, rows_ = 0, count_ = 0;
+  device_buffer<std::int32_t> slot_of_;
+  pinned_buffer<T> data_;
+};
 
 //! Rows `d_ids[0..count)` of `a` (rows of `row_width` elements) into
 //! `d_out[k * row_width ..)`, one warp per row, on `stream` (does not wait
@@ -97,18 +222,18 @@ __global__ void __launch_bounds__(gather_block_threads)
 template <class T, class Id>
 void gather_rows(array<T>& a, const Id* d_ids, std::uint64_t count, std::uint64_t row_width,
                  T* d_out, cudaStream_t stream = nullptr) {
-  static_assert(std::is_integral_v<Id>, "row ids are integers");
-  if (row_width == 0 || row_width > a.size())
-    throw error("bam::gather_rows: row width " + std::to_string(row_width) + " (1 to the array's " +
-                std::to_string(a.size()) + " elements)");
-  if (count == 0) return;
-  constexpr std::uint64_t warps_per_block = detail::gather_block_threads / 32;
-  const std::uint64_t blocks = (count + warps_per_block - 1) / warps_per_block;
-  const unsigned grid = static_cast<unsigned>(
-      blocks < detail::gather_max_blocks ? blocks : detail::gather_max_blocks);
-  detail::gather_rows_kernel<T, Id>
-      <<<grid, detail::gather_block_threads, 0, stream>>>(a.ref(), d_ids, count, row_width, d_out);
-  BAM_CUDA_TRY(cudaGetLastError());
+  detail::launch_gather_rows(a, d_ids, count, row_width, d_out, hot_rows_ref<T>{}, stream);
+}
+
+//! The same, with the rows of the hot set `hot` read from its host copy.
+//! Throws `bam::error` when `hot` was made for another row width.
+template <class T, class Id>
+void gather_rows(array<T>& a, const Id* d_ids, std::uint64_t count, std::uint64_t row_width,
+                 T* d_out, const hot_rows<T>& hot, cudaStream_t stream = nullptr) {
+  if (hot.row_width() != row_width)
+    throw error("bam::gather_rows: the hot set holds rows of " + std::to_string(hot.row_width()) +
+                " elements, not " + std::to_string(row_width));
+  detail::launch_gather_rows(a, d_ids, count, row_width, d_out, hot.ref(), stream);
 }
 
 } // namespace bam
