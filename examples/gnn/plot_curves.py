@@ -35,12 +35,18 @@ def main():
     for p in cache:
         p["x"] = p["cache_fraction"]
     width = [point(r, None) for k, r in runs.items() if k.startswith("width-")]
+    hot = {}  # cache MiB -> points against the hot set's share of the rows (cache<MiB>-hot<P>.json)
+    for k, r in runs.items():
+        if k.startswith("cache") and "-hot" in k:
+            p = point(r, r.get("hot_set", {}).get("percent", 0.0))
+            p["hot_row_visit_fraction"] = r.get("hot_set", {}).get("row_visit_fraction", 0.0)
+            hot.setdefault(round(r["cache_bytes"] / 2**20), []).append(p)
     for p in width:
         p["x"] = p["row_bytes"]
     cache.sort(key=lambda p: p["x"])
     width.sort(key=lambda p: p["x"])
-    if not cache and not width:
-        sys.exit(f"{folder}: no cache-*.json or width-*.json files of bam-gnn aggregate")
+    if not cache and not width and not hot:
+        sys.exit(f"{folder}: no cache-*.json, width-*.json or cache<MiB>-hot<P>.json files of bam-gnn aggregate")
     ensure_matplotlib()
     import matplotlib
 
@@ -50,7 +56,22 @@ def main():
     curves = [(c, t, xl) for c, t, xl in ((cache, "against cache size (4 KiB rows)", "cache / feature table"),
                                           (width, "against row width (cache = 1/4 of the table, pages = rows)", "row bytes"))
               if c]
-    fig, axes = plt.subplots(1, len(curves), figsize=(6.5 * len(curves), 4.8), squeeze=False)
+    panels = len(curves) + (1 if hot else 0)
+    fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.8), squeeze=False)
+    if hot:
+        ax = axes[0][len(curves)]
+        for mib, pts in sorted(hot.items()):
+            pts.sort(key=lambda p: p["x"])
+            frac = pts[0]["cache_fraction"]
+            ax.plot([p["x"] for p in pts], [p["bam_GB_per_s"] for p in pts], "o-",
+                    label=f"bam, cache {mib} MiB ({frac:.2g} of the table)")
+            ax.plot([p["x"] for p in pts], [p.get("zero-copy_GB_per_s") for p in pts], ".--", color="gray",
+                    label="zero-copy gather" if mib == min(hot) else None)
+        ax.set_xlabel("hot set, % of the rows (highest in-degree), in pinned host memory")
+        ax.set_ylabel("feature gather, GB/s")
+        ax.set_title("with a hot set (4 KiB rows)", fontsize=10)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
     for ax, (pts, title, xlabel) in zip(axes[0], curves):
         xs = [p["x"] for p in pts]
         keys = ["bam_GB_per_s"] + sorted({k for p in pts for k in p if k.endswith("_GB_per_s") and k != "bam_GB_per_s"})
@@ -73,11 +94,12 @@ def main():
         ax.legend(fontsize=7, loc="upper left")
     first = next(iter(runs.values()))
     fig.suptitle(f"bam-gnn aggregate, {first['dataset']['nodes']} nodes, fanouts "
-                 f"{','.join(map(str, first['fanouts']))}, {first['device']}: {first['gpu']}, commit {first['commit']}, "
+                 f"{','.join(map(str, first['fanouts']))}, {first['device']}\n{first['gpu']}, commit {first['commit']}, "
                  f"{first['date'][:10]}", fontsize=9)
     fig.tight_layout()
     fig.savefig(folder / "curves.png", dpi=110)
-    (folder / "curves.json").write_text(json.dumps({"cache": cache, "width": width}, indent=2) + "\n")
+    (folder / "curves.json").write_text(json.dumps({"cache": cache, "width": width,
+                                                    "hot": {str(k): v for k, v in sorted(hot.items())}}, indent=2) + "\n")
     print(f"wrote {folder / 'curves.png'}")
 
 
