@@ -16,6 +16,7 @@
 // whole pages with copy_to). In the array modes --io-size is the page size.
 #include "detail/bench_kernels.cuh"
 #include "detail/host_baselines.hpp"
+#include "detail/timing.cuh"
 
 #include <bam/bam.cuh>
 
@@ -109,18 +110,7 @@ std::pair<double, bench::stats> timed(const options& o, Launch&& launch, std::ui
   bam::device_buffer<bench::stats> st(1);
   auto once = [&](std::uint32_t ops) {
     BAM_CUDA_TRY(cudaMemset(st.get(), 0, sizeof(bench::stats)));
-    cudaEvent_t a, b;
-    BAM_CUDA_TRY(cudaEventCreate(&a));
-    BAM_CUDA_TRY(cudaEventCreate(&b));
-    BAM_CUDA_TRY(cudaEventRecord(a));
-    launch(ops, st.get());
-    BAM_CUDA_TRY(cudaGetLastError());
-    BAM_CUDA_TRY(cudaEventRecord(b));
-    BAM_CUDA_TRY(cudaEventSynchronize(b));
-    float ms = 0;
-    BAM_CUDA_TRY(cudaEventElapsedTime(&ms, a, b));
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
+    const float ms = bench::time_launch_ms([&] { launch(ops, st.get()); });
     bench::stats s{};
     bam::copy_to_host(&s, st.get(), 1);
     return std::pair<double, bench::stats>{ms / 1000.0, s};

@@ -7,6 +7,8 @@
 //
 //   extent_lookup                               # 1, 1 K, 1 M and 16 M runs
 //   extent_lookup --runs 1000000 --json out.json
+#include "detail/timing.cuh"
+
 #include <bam/bam.cuh>
 #include <bam/extent_map_ref.hpp>
 
@@ -121,19 +123,9 @@ int main(int argc, char** argv) {
       std::uint64_t seed = 1;
       std::uint64_t wrong = 0;
       for (int r = -1; r < reps; ++r) { // launch -1: the warm-up
-        cudaEvent_t a, b;
-        BAM_CUDA_TRY(cudaEventCreate(&a));
-        BAM_CUDA_TRY(cudaEventCreate(&b));
         seed = mix(seed + 0x9e3779b97f4a7c15ull); // new blocks every launch
-        BAM_CUDA_TRY(cudaEventRecord(a));
-        lookup_kernel<<<blocks, block_threads>>>(m, ops, seed, first.get(), sum.get());
-        BAM_CUDA_TRY(cudaGetLastError());
-        BAM_CUDA_TRY(cudaEventRecord(b));
-        BAM_CUDA_TRY(cudaEventSynchronize(b));
-        float ms = 0;
-        BAM_CUDA_TRY(cudaEventElapsedTime(&ms, a, b));
-        cudaEventDestroy(a);
-        cudaEventDestroy(b);
+        const float ms = bench::time_launch_ms(
+            [&] { lookup_kernel<<<blocks, block_threads>>>(m, ops, seed, first.get(), sum.get()); });
         if (r >= 0) times.push_back(ms / 1000.0f);
         std::vector<std::uint64_t> got(threads);
         bam::copy_to_host(got.data(), first.get(), threads);

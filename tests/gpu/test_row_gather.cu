@@ -77,6 +77,22 @@ std::vector<T> gather(bam::array<T>& a, const std::vector<Id>& ids, std::uint64_
   return got;
 }
 
+//! Rows whose sum in `d_sums` (rows `ids` of `width` elements) differs from
+//! the layout's.
+std::uint64_t wrong_row_sums(const layout& l, const std::vector<std::uint64_t>& ids, std::uint64_t width,
+                             const bam::device_buffer<unsigned long long>& d_sums) {
+  std::vector<unsigned long long> got(ids.size());
+  bam::copy_to_host(got.data(), d_sums.get(), ids.size());
+  std::uint64_t bad = 0;
+  for (std::size_t r = 0; r < ids.size(); ++r) {
+    unsigned long long want = 0;
+    for (std::uint64_t c = 0; c < width; ++c)
+      want += l.expected(ids[r] * width + c);
+    bad += got[r] != want;
+  }
+  return bad;
+}
+
 //! A user kernel: each warp gathers the rows `ids[warp]` with bam::gather_row
 //! and writes their element sum (as 64-bit integers) per row.
 template <class T>
@@ -180,16 +196,7 @@ TEST_CASE("a hot set serves its rows from host memory, the others through the ca
   BAM_TEST_SYNC();
   REQUIRE_NOTHROW(a.check());
   CHECK(cache.counters().misses > before.misses);
-  std::vector<unsigned long long> got(rows);
-  bam::copy_to_host(got.data(), sums.get(), rows);
-  std::uint64_t bad = 0;
-  for (std::uint64_t r = 0; r < rows; ++r) {
-    unsigned long long want = 0;
-    for (std::uint64_t c = 0; c < width; ++c)
-      want += l.expected(ids[r] * width + c);
-    bad += got[r] != want;
-  }
-  CHECK(bad == 0);
+  CHECK(wrong_row_sums(l, ids, width, sums) == 0);
 
   // Bad input is refused, naming it.
   CHECK_THROWS_WITH(bam::hot_rows<std::uint32_t>(a, width, {3, 4, 3}), ContainsSubstring("row 3 is given twice"));
@@ -270,16 +277,7 @@ TEST_CASE("gather_row from a user kernel: every row summed", "[gpu][row_gather]"
   row_sum_kernel<<<blocks, threads>>>(a.ref(), d_ids.get(), rows, width, scratch.get(), sums.get());
   BAM_TEST_SYNC();
   REQUIRE_NOTHROW(a.check());
-  std::vector<unsigned long long> got(rows);
-  bam::copy_to_host(got.data(), sums.get(), rows);
-  std::uint64_t bad = 0;
-  for (std::uint64_t r = 0; r < rows; ++r) {
-    unsigned long long want = 0;
-    for (std::uint64_t c = 0; c < width; ++c)
-      want += l.expected(ids[r] * width + c);
-    bad += got[r] != want;
-  }
-  CHECK(bad == 0);
+  CHECK(wrong_row_sums(l, ids, width, sums) == 0);
 }
 
 TEST_CASE("gather_rows: an id out of range makes check() throw naming its index",
