@@ -77,6 +77,14 @@ std::vector<T> gather(bam::array<T>& a, const std::vector<Id>& ids, std::uint64_
   return got;
 }
 
+//! Every row id below `rows` once, in a scattered order.
+std::vector<std::uint64_t> every_row_shuffled(std::uint64_t rows) {
+  std::vector<std::uint64_t> ids(rows);
+  for (std::uint64_t r = 0; r < rows; ++r)
+    ids[r] = (r * 7919) % rows; // 7919 is prime: a permutation unless it divides rows
+  return ids;
+}
+
 //! Rows whose sum in `d_sums` (rows `ids` of `width` elements) differs from
 //! the layout's.
 std::uint64_t wrong_row_sums(const layout& l, const std::vector<std::uint64_t>& ids, std::uint64_t width,
@@ -183,9 +191,7 @@ TEST_CASE("a hot set serves its rows from host memory, the others through the ca
 
   // Hot and cold rows mixed, from a user kernel: every row's sum right; the
   // cold ones are loaded through the cache.
-  std::vector<std::uint64_t> ids(rows);
-  for (std::uint64_t r = 0; r < rows; ++r)
-    ids[r] = (r * 7919) % rows;
+  const std::vector<std::uint64_t> ids = every_row_shuffled(rows);
   bam::device_buffer<std::uint64_t> d_ids(rows);
   bam::copy_to_device(d_ids.get(), ids.data(), rows);
   const unsigned blocks = 32, threads = 128;
@@ -265,9 +271,7 @@ TEST_CASE("gather_row from a user kernel: every row summed", "[gpu][row_gather]"
   bam::array<std::uint32_t> a(cache, s, n);
   const layout l{0, page, s.lba_size(), 1};
   const std::uint64_t rows = n / width;
-  std::vector<std::uint64_t> ids(rows);
-  for (std::uint64_t r = 0; r < rows; ++r)
-    ids[r] = (r * 7919) % rows;
+  const std::vector<std::uint64_t> ids = every_row_shuffled(rows);
   bam::device_buffer<std::uint64_t> d_ids(rows);
   bam::copy_to_device(d_ids.get(), ids.data(), rows);
   const unsigned blocks = 32, threads = 128;
