@@ -82,7 +82,8 @@ int main(int argc, char** argv) {
   std::uint32_t ops = 64;
   int reps = 5;
   std::string json;
-  app.add_option("--runs", run_counts, "runs (extents) in the map; several values measure each");
+  app.add_option("--runs", run_counts, "runs (extents) in the map; several values (1000,1000000) measure each")
+      ->delimiter(',');
   app.add_option("--threads", threads, "GPU threads")->check(CLI::Range(256ull, 1ull << 26));
   app.add_option("--ops", ops, "lookups per thread per launch")->check(CLI::Range(1u, 1u << 20));
   app.add_option("--reps", reps, "timed launches (the median is reported)")->check(CLI::Range(1, 100));
