@@ -309,6 +309,21 @@ int run_typed(const aggregate_options& o, const manifest& m) {
       dev = "emu-gpu:ram=" + std::to_string(mib) + "M";
     }
   }
+  // `--device file`: the dataset's own feature file, read through bam: from
+  // its blocks on the raw disk where that disk opens here, else by the CPU
+  // engine from the file (array::open's choice).
+  const bool from_file = dev == "file";
+  std::string file_reason;
+  if (from_file) {
+    if (src.path().empty())
+      detail::gnn_fail(o.dir + ": --device file reads the features from their file, and this dataset has none "
+                               "(made with --no-features-file): bam-gnn load it onto a device",
+                       ENOENT);
+    const file_access fa = plan_file_access(src.path());
+    if (fa.kind == file_access::path::via_file) warn(src.path() + ": " + fa.reason);
+    dev = fa.device + ",queues=32,threads=8";
+    file_reason = fa.reason;
+  }
   const device_spec spec = parse_device(dev);
   if (spec.kind != device_kind::pci && spec.media == media_kind::null)
     detail::gnn_fail(dev + ": null media keep no data; the features need a medium that holds them "
@@ -319,7 +334,16 @@ int run_typed(const aggregate_options& o, const manifest& m) {
   storage s(spec);
   std::string placement;
   double load_seconds = 0;
-  if (!in_process) {
+  if (from_file) {
+    if (m.features.file_offset % s.lba_size() != 0)
+      detail::gnn_fail(src.path() + ": the rows start at byte " + std::to_string(m.features.file_offset) +
+                           ", not on a " + std::to_string(s.lba_size()) +
+                           "-byte block boundary, so bam cannot address them in place: bam-gnn load the "
+                           "table onto a device, or use an in-process medium (--device emu-gpu:ram=SIZE)",
+                       EINVAL);
+    start_lba = m.features.file_offset / s.lba_size();
+    placement = "the dataset's feature file " + src.path() + ": " + file_reason;
+  } else if (!in_process) {
     if (!m.device || m.device->device != dev)
       detail::gnn_fail(o.dir + ": its features were not loaded onto " + dev +
                            (m.device ? " (the manifest names " + m.device->device + ")"
@@ -356,7 +380,7 @@ int run_typed(const aggregate_options& o, const manifest& m) {
                  });
     load_seconds = seconds_since(t0);
     placement = "loaded into the in-process medium before timing";
-  } else {
+  } else if (!from_file) {
     if (m.device->nsid != s.nsid())
       detail::gnn_fail(dev + ": the features are on namespace " + std::to_string(m.device->nsid) +
                        ", the storage opens namespace " + std::to_string(s.nsid()));

@@ -227,7 +227,8 @@ int main(int argc, char** argv) {
   aggregate->add_option("--device", ao.device,
                         "device string the features are read from (default: the manifest's device, else "
                         "emu-gpu:ram sized to the table); in-process media (emu-gpu:ram, emu-gpu:hbm, emu:ram) "
-                        "get the table loaded before timing");
+                        "get the table loaded before timing; 'file': the dataset's feature file itself, from its "
+                        "blocks on the raw disk where that disk opens, else through the file");
   aggregate->add_option("--cache-mib", ao.cache_mib, "page cache size in MiB (default 1024)");
   aggregate->add_option("--page-size", ao.page_size, "page cache page size in bytes (default 4096)");
   aggregate->add_option("--fanouts", ao.fanouts, "neighbours sampled per node, hop by hop (default 15,10,5)");
