@@ -29,6 +29,7 @@
 #include <chrono>
 #include <cmath>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -162,8 +163,14 @@ run_result run_device(const options& o, const std::string& dev) {
   // --file): the file is written with the pattern once, before it is opened
   // (extents are mapped at open, and read-only), and read by every path.
   const bam::device_spec spec = bam::parse_device(dev);
-  const bool on_bench_file = spec.media == bam::media_kind::file && spec.ssds == 1 && spec.path == o.file;
+  const auto same_file = [](const std::string& x, const std::string& y) {
+    std::error_code e1, e2;
+    return std::filesystem::weakly_canonical(x, e1) == std::filesystem::weakly_canonical(y, e2) && !e1 && !e2;
+  };
+  const bool on_bench_file = spec.media == bam::media_kind::file && spec.ssds == 1 && same_file(spec.path, o.file);
   if (on_bench_file) {
+    if (spec.bytes > (std::uint64_t{o.file_mib} << 20))
+      throw std::runtime_error(dev + ": size= is larger than the --file-mib the file is written with");
     if (const std::string why = bench::prepare_file(o.file, std::uint64_t{o.file_mib} << 20); !why.empty())
       throw std::runtime_error(why);
   }

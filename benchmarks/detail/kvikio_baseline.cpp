@@ -20,11 +20,15 @@ host_result kvikio_baseline(const std::string& path, std::uint64_t file_bytes, s
 #if defined(BAM_WITH_KVIKIO)
   void* dev = nullptr;
   try {
-    // Its defaults are one worker thread and buffered reads in compat mode:
+    // Its defaults are one worker thread, small reads on the caller's thread
+    // and buffered reads in compat mode:
     // give it the pread baseline's threads, and O_DIRECT, so that it reads
     // the disk and not the host's page cache.
     kvikio::defaults::set_thread_pool_nthreads(threads);
     kvikio::defaults::set_auto_direct_io_read(true);
+    // Reads below the GDS threshold (16 KiB) run synchronously on the calling
+    // thread, one at a time: 0 sends every read to the pool.
+    kvikio::defaults::set_gds_threshold(0);
     kvikio::FileHandle f(path, "r");
     const std::uint64_t units = file_bytes / io;
     if (cudaMalloc(&dev, static_cast<std::size_t>(inflight) * io) != cudaSuccess) throw std::runtime_error("cudaMalloc");

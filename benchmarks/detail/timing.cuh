@@ -10,18 +10,22 @@ namespace bench {
 //! launches on the default stream); a launch error throws.
 template <class Launch>
 float time_launch_ms(Launch&& launch) {
-  cudaEvent_t a, b;
-  BAM_CUDA_TRY(cudaEventCreate(&a));
-  BAM_CUDA_TRY(cudaEventCreate(&b));
-  BAM_CUDA_TRY(cudaEventRecord(a));
+  struct events {
+    cudaEvent_t a = nullptr, b = nullptr;
+    ~events() {
+      if (a != nullptr) cudaEventDestroy(a);
+      if (b != nullptr) cudaEventDestroy(b);
+    }
+  } e;
+  BAM_CUDA_TRY(cudaEventCreate(&e.a));
+  BAM_CUDA_TRY(cudaEventCreate(&e.b));
+  BAM_CUDA_TRY(cudaEventRecord(e.a));
   launch();
   BAM_CUDA_TRY(cudaGetLastError());
-  BAM_CUDA_TRY(cudaEventRecord(b));
-  BAM_CUDA_TRY(cudaEventSynchronize(b));
+  BAM_CUDA_TRY(cudaEventRecord(e.b));
+  BAM_CUDA_TRY(cudaEventSynchronize(e.b));
   float ms = 0;
-  BAM_CUDA_TRY(cudaEventElapsedTime(&ms, a, b));
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
+  BAM_CUDA_TRY(cudaEventElapsedTime(&ms, e.a, e.b));
   return ms;
 }
 

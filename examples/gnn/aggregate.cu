@@ -624,8 +624,9 @@ int run_typed(const aggregate_options& o, const manifest& m) {
                    static_cast<unsigned long long>(o.batches), static_cast<double>(b + 1) / t_total,
                    static_cast<double>(rows_total) / t_total / 1e6,
                    static_cast<double>(rows_total * rb) / t_total / 1e9,
-                   100.0 * (1.0 - static_cast<double>(now.misses - before.misses) /
-                                      static_cast<double>(page_visits)),
+                   page_visits ? 100.0 * (1.0 - static_cast<double>(now.misses - before.misses) /
+                                                    static_cast<double>(page_visits))
+                               : 0.0,
                    seconds_since(progress_t0));
     }
   }
@@ -881,7 +882,9 @@ int run_typed(const aggregate_options& o, const manifest& m) {
                          {"aggregation", 1e3 * t_aggregate / nb},
                          {"total", 1e3 * t_total / nb},
                          {"first_batch", 1e3 * first_batch}};
-    j["cache"] = {{"hit_rate", hit_rate}, {"pages_loaded", misses}, {"page_visits", page_visits}};
+    j["cache"] = {{"hit_rate", page_visits ? json(hit_rate) : json(nullptr)}, // null: every row came from the hot set
+                  {"pages_loaded", misses},
+                  {"page_visits", page_visits}};
     if (hot)
       j["hot_set"] = {{"percent", o.hot_percent},
                       {"rows", hot->size()},

@@ -88,7 +88,7 @@ def main():
         ax.set_title(title, fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         hit = ax.twinx()
-        hit.plot(xs, [p["hit_rate"] * 100 for p in pts], "s:", color="black", label="bam hit rate")
+        hit.plot(xs, [float("nan") if p["hit_rate"] is None else p["hit_rate"] * 100 for p in pts], "s:", color="black", label="bam hit rate")
         hit.set_ylabel("bam cache hit rate, % (black squares)")
         hit.set_ylim(0, 100)
         ax.legend(fontsize=7, loc="upper left")

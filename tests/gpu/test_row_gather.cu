@@ -161,7 +161,13 @@ TEST_CASE("a hot set serves its rows from host memory, the others through the ca
   for (std::uint64_t r = 5; r < rows; r += 7)
     hot_ids.push_back(r);
   if (hot_ids.back() != rows - 1) hot_ids.push_back(rows - 1); // the last whole row
-  bam::hot_rows<std::uint32_t> hot(a, width, hot_ids);
+  hot_ids.insert(hot_ids.begin(), 0);                            // and the first
+  // Given in no particular order (the hot set keeps them by id).
+  const std::vector<std::uint64_t> given = every_row_shuffled(hot_ids.size());
+  std::vector<std::uint64_t> scattered(hot_ids.size());
+  for (std::size_t k = 0; k < hot_ids.size(); ++k)
+    scattered[k] = hot_ids[given[k]];
+  bam::hot_rows<std::uint32_t> hot(a, width, scattered);
   REQUIRE(hot.size() == hot_ids.size());
   CHECK(hot.bytes() == hot_ids.size() * width * 4);
   REQUIRE_NOTHROW(a.check());
@@ -210,12 +216,26 @@ TEST_CASE("a hot set serves its rows from host memory, the others through the ca
   CHECK_THROWS_WITH(bam::hot_rows<std::uint32_t>(a, 0, {1}), ContainsSubstring("row width 0"));
   CHECK_THROWS_WITH(bam::gather_rows(a, d_ids.get(), 1, width + 1, scratch.get(), hot),
                     ContainsSubstring("hot set holds rows of 700 elements"));
-  // An empty hot set reads everything through the cache.
+  {
+    bam::array<std::uint32_t> smaller(cache, s, n / 2, (8ull << 20) / 512 / 2);
+    CHECK_THROWS_WITH(bam::gather_rows(smaller, d_ids.get(), 1, width, scratch.get(), hot),
+                      ContainsSubstring("hot set was made from a table of"));
+  }
+  // An empty hot set, and one moved from, read everything through the cache.
   bam::hot_rows<std::uint32_t> none(a, width, {});
   CHECK(none.size() == 0);
   bam::gather_rows(a, d_ids.get(), 8, width, scratch.get(), none);
+  bam::hot_rows<std::uint32_t> taken(std::move(hot));
+  CHECK(taken.size() == hot_ids.size());
+  CHECK(hot.size() == 0);
+  bam::device_buffer<std::uint32_t> out(rows * width);
+  bam::gather_rows(a, d_ids.get(), rows, width, out.get(), hot);
   BAM_TEST_SYNC();
   REQUIRE_NOTHROW(a.check());
+  std::vector<std::uint32_t> got(rows * width);
+  bam::copy_to_host(got.data(), out.get(), got.size());
+  std::string first;
+  CHECK(wrong_elements(l, ids, width, got, first) == 0);
 }
 
 TEMPLATE_TEST_CASE("gather_rows: rows straddling pages, repeated ids, every element size",

@@ -24,8 +24,8 @@
 //!    cache's lifetime (the command may still land in it or read it), also
 //!    while readers pin its page; once every slot of a set is such (or holds
 //!    a page whose write-back failed), misses on that set fail at once with
-//!    a timeout status. A timeout too large to add to the clock is no
-//!    deadline at all. A miss whose
+//!    a timeout status. A `timeout_ns` too large to add to the clock is no
+//!    deadline at all for the cache's waits. A miss whose
 //!    set changed in nothing for a whole deadline fails, and so do the
 //!    misses queued behind it on that set, when their turn comes.
 //!

@@ -45,6 +45,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace bam {
@@ -76,19 +77,26 @@ BAM_DEVICE bool gather_row(const array_ref<T>& a, std::uint64_t id, std::uint64_
   return a.copy_to(id * row_width, row_width, out);
 }
 
-//! Device view of a `hot_rows<T>`; the default one holds nothing.
+//! Device view of a `hot_rows<T>`; the default one holds nothing. Which
+//! rows are hot is a bitmap with a running count per 64 rows (3 bytes per 16
+//! rows of the table, however few are hot): a row's place in `data` is the
+//! count of hot rows before it.
 template <class T>
 struct hot_rows_ref {
-  const std::int32_t* slot_of = nullptr; //!< per row id below `rows`: its place in `data`, or -1
-  const T* data = nullptr;               //!< the hot rows, row-major (pinned host memory, mapped)
-  std::uint64_t rows = 0;                //!< ids `slot_of` covers: the table's whole rows
+  const std::uint64_t* bits = nullptr; //!< bit r % 64 of word r / 64: row r is hot
+  const std::uint32_t* before = nullptr; //!< hot rows before word w
+  const T* data = nullptr;               //!< the hot rows in increasing id order (pinned host memory, mapped)
+  std::uint64_t rows = 0;                //!< rows the bitmap covers: the table's whole rows
   std::uint64_t row_width = 0;
 
   //! Row `id` in host memory, or nullptr when it is not hot.
   BAM_DEVICE const T* find(std::uint64_t id) const {
-    if (id >= rows) return nullptr;
-    const std::int32_t k = slot_of[id];
-    return k < 0 ? nullptr : data + static_cast<std::uint64_t>(k) * row_width;
+    if (bits == nullptr || id >= rows) return nullptr;
+    const std::uint64_t w = bits[id >> 6];
+    const std::uint64_t bit = 1ull << (id & 63);
+    if ((w & bit) == 0) return nullptr;
+    const std::uint64_t k = before[id >> 6] + static_cast<std::uint64_t>(__popcll(w & (bit - 1)));
+    return data + k * row_width;
   }
 };
 
@@ -146,48 +154,60 @@ void launch_gather_rows(array<T>& a, const Id* d_ids, std::uint64_t count, std::
 
 //! A hot set: a copy of some rows of a table in pinned host memory, read by
 //! the GPU zero-copy instead of through the page cache (see the top of this
-//! file). Owns the host copy and the GPU's per-row index (4 bytes a row of
-//! the table).
+//! file). Owns the host copy and the GPU's bitmap of hot rows (3 bytes per
+//! 16 rows of the table).
 template <class T>
 class hot_rows {
 public:
   //! Copies rows `ids` of `a` (rows of `row_width` elements) through the
-  //! page cache now. Throws `bam::error` (EINVAL) for an id past the last
-  //! whole row, an id given twice, more than 2^31 - 1 rows, or a bad width;
-  //! a failed read throws as `a.check` does.
+  //! page cache now (ids in any order). Throws `bam::error` (EINVAL) for an
+  //! id past the last whole row, an id given twice, more than 2^32 - 1 rows,
+  //! or a bad width; a failed read throws as `a.check` does.
   hot_rows(array<T>& a, std::uint64_t row_width, const std::vector<std::uint64_t>& ids,
            cudaStream_t stream = nullptr)
-      : row_width_(row_width), rows_(row_width == 0 ? 0 : a.size() / row_width) {
+      : row_width_(row_width), rows_(row_width == 0 ? 0 : a.size() / row_width), table_(a.size()) {
     if (row_width == 0 || row_width > a.size())
       throw error("bam::hot_rows: row width " + std::to_string(row_width) + " (1 to the array's " +
                       std::to_string(a.size()) + " elements)",
                   einval());
-    if (ids.size() > 0x7fffffffu)
-      throw error("bam::hot_rows: " + std::to_string(ids.size()) + " rows, more than 2^31 - 1", einval());
-    std::vector<std::int32_t> slot(rows_, -1);
-    for (std::size_t k = 0; k < ids.size(); ++k) {
-      if (ids[k] >= rows_)
-        throw error("bam::hot_rows: row " + std::to_string(ids[k]) + " is past the table's " +
+    if (ids.size() > 0xffffffffu)
+      throw error("bam::hot_rows: " + std::to_string(ids.size()) + " rows, more than 2^32 - 1", einval());
+    std::vector<std::uint64_t> sorted(ids);
+    std::sort(sorted.begin(), sorted.end());
+    for (std::size_t k = 0; k < sorted.size(); ++k) {
+      if (sorted[k] >= rows_)
+        throw error("bam::hot_rows: row " + std::to_string(sorted[k]) + " is past the table's " +
                         std::to_string(rows_) + " whole rows",
                     einval());
-      if (slot[ids[k]] >= 0)
-        throw error("bam::hot_rows: row " + std::to_string(ids[k]) + " is given twice", einval());
-      slot[ids[k]] = static_cast<std::int32_t>(k);
+      if (k > 0 && sorted[k] == sorted[k - 1])
+        throw error("bam::hot_rows: row " + std::to_string(sorted[k]) + " is given twice", einval());
     }
-    slot_of_ = device_buffer<std::int32_t>(rows_);
-    copy_to_device(slot_of_.get(), slot.data(), rows_);
-    if (ids.empty()) return;
-    data_ = pinned_buffer<T>(ids.size() * row_width);
+    if (sorted.empty()) return; // nothing hot: ref() holds nothing, every row goes through the cache
+    const std::uint64_t words = (rows_ + 63) / 64;
+    std::vector<std::uint64_t> bits(words, 0);
+    std::vector<std::uint32_t> before(words, 0);
+    for (const std::uint64_t r : sorted)
+      bits[r / 64] |= 1ull << (r % 64);
+    std::uint32_t running = 0;
+    for (std::uint64_t w = 0; w < words; ++w) {
+      before[w] = running;
+      running += static_cast<std::uint32_t>(__builtin_popcountll(bits[w]));
+    }
+    bits_ = device_buffer<std::uint64_t>(words);
+    before_ = device_buffer<std::uint32_t>(words);
+    copy_to_device(bits_.get(), bits.data(), words);
+    copy_to_device(before_.get(), before.data(), words);
+    data_ = pinned_buffer<T>(sorted.size() * row_width);
     // Through the cache, a bounded number of rows at a time (a GPU buffer of
-    // about 64 MiB), straight into the host copy.
+    // about 64 MiB), straight into the host copy, in increasing id order.
     const std::uint64_t step =
         std::max<std::uint64_t>(1, (std::uint64_t{64} << 20) / (row_width * sizeof(T)));
-    const std::uint64_t chunk = std::min<std::uint64_t>(step, ids.size());
+    const std::uint64_t chunk = std::min<std::uint64_t>(step, sorted.size());
     device_buffer<std::uint64_t> d_ids(chunk);
     device_buffer<T> d_rows(chunk * row_width);
-    for (std::uint64_t first = 0; first < ids.size(); first += step) {
-      const std::uint64_t n = std::min<std::uint64_t>(step, ids.size() - first);
-      BAM_CUDA_TRY(cudaMemcpyAsync(d_ids.get(), ids.data() + first, n * sizeof(std::uint64_t),
+    for (std::uint64_t first = 0; first < sorted.size(); first += step) {
+      const std::uint64_t n = std::min<std::uint64_t>(step, sorted.size() - first);
+      BAM_CUDA_TRY(cudaMemcpyAsync(d_ids.get(), sorted.data() + first, n * sizeof(std::uint64_t),
                                    cudaMemcpyHostToDevice, stream));
       detail::launch_gather_rows(a, d_ids.get(), n, row_width, d_rows.get(), hot_rows_ref<T>{}, stream);
       BAM_CUDA_TRY(cudaMemcpyAsync(data_.get() + first * row_width, d_rows.get(), n * row_width * sizeof(T),
@@ -195,12 +215,29 @@ public:
       BAM_CUDA_TRY(cudaStreamSynchronize(stream));
     }
     a.check(stream);
-    count_ = ids.size();
+    count_ = sorted.size();
+  }
+  hot_rows(hot_rows&& o) noexcept { *this = std::move(o); }
+  hot_rows& operator=(hot_rows&& o) noexcept {
+    // A moved-from hot set holds nothing (and reads nothing).
+    row_width_ = std::exchange(o.row_width_, 0);
+    rows_ = std::exchange(o.rows_, 0);
+    table_ = std::exchange(o.table_, 0);
+    count_ = std::exchange(o.count_, 0);
+    bits_ = std::move(o.bits_);
+    before_ = std::move(o.before_);
+    data_ = std::move(o.data_);
+    return *this;
   }
 
-  hot_rows_ref<T> ref() const { return {slot_of_.get(), data_.get(), rows_, row_width_}; }
-  std::uint64_t size() const { return count_; }              //!< hot rows
+  //! The device view; holds nothing for an empty hot set.
+  hot_rows_ref<T> ref() const {
+    if (count_ == 0) return {};
+    return {bits_.get(), before_.get(), data_.get(), rows_, row_width_};
+  }
+  std::uint64_t size() const { return count_; } //!< hot rows
   std::uint64_t row_width() const { return row_width_; }
+  std::uint64_t table_elements() const { return table_; } //!< elements of the array it was made from
   std::uint64_t bytes() const { return count_ * row_width_ * sizeof(T); } //!< pinned host memory they take
 
 private:
@@ -209,8 +246,9 @@ private:
     c.errnum = EINVAL;
     return c;
   }
-  std::uint64_t row_width_ = 0, rows_ = 0, count_ = 0;
-  device_buffer<std::int32_t> slot_of_;
+  std::uint64_t row_width_ = 0, rows_ = 0, table_ = 0, count_ = 0;
+  device_buffer<std::uint64_t> bits_;
+  device_buffer<std::uint32_t> before_;
   pinned_buffer<T> data_;
 };
 
@@ -230,9 +268,12 @@ void gather_rows(array<T>& a, const Id* d_ids, std::uint64_t count, std::uint64_
 template <class T, class Id>
 void gather_rows(array<T>& a, const Id* d_ids, std::uint64_t count, std::uint64_t row_width,
                  T* d_out, const hot_rows<T>& hot, cudaStream_t stream = nullptr) {
-  if (hot.row_width() != row_width)
+  if (hot.size() != 0 && hot.row_width() != row_width)
     throw error("bam::gather_rows: the hot set holds rows of " + std::to_string(hot.row_width()) +
                 " elements, not " + std::to_string(row_width));
+  if (hot.size() != 0 && hot.table_elements() != a.size())
+    throw error("bam::gather_rows: the hot set was made from a table of " + std::to_string(hot.table_elements()) +
+                " elements, this array holds " + std::to_string(a.size()));
   detail::launch_gather_rows(a, d_ids, count, row_width, d_out, hot.ref(), stream);
 }
 
