@@ -355,6 +355,7 @@ void print_row(const nlohmann::json& j) {
 } // namespace
 
 int main(int argc, char** argv) {
+  bam::emu::prefer_eager_module_loading(); // the CPU engine (emu:) and lazy loading: client_engine.cuh
   CLI::App app{"bam block benchmark: GPU-initiated I/O on any transport, with ceilings from the same run"};
   options o;
   app.add_option("--device", o.devices, "device strings (default: emu-gpu:null=64G with --queues/--depth/--ssds)");

@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -114,4 +116,72 @@ TEST_CASE("bam::array::open reads a file: through its extents on the raw disk wh
     bam::set_warning_handler({});
     std::remove(path.c_str());
   }
+}
+
+TEST_CASE("CPU engine for GPU clients: kernels on streams of their own, among many streams", "[gpu][client]") {
+  // A framework keeps a pool of streams (PyTorch: 32 a priority) and runs
+  // its kernels on them; the engine's copies must not queue behind a kernel
+  // that waits for them.
+  const std::string path = "/tmp/bam-gpu-streams-" + std::to_string(::getpid()) + ".img";
+  {
+    bam::storage s("emu:file=" + path + ",size=16M,queues=16,depth=64,threads=4");
+    bam_test::fill_pattern(s);
+    bam::page_cache cache({.page_size = 4096, .capacity = 1 << 20, .timeout_ns = 2'000'000'000});
+    bam::array<std::uint32_t> a(cache, s, (16ull << 20) / 4);
+    constexpr int n_streams = 72;
+    std::vector<cudaStream_t> streams(n_streams);
+    for (auto& st : streams) REQUIRE(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess);
+    bam::device_buffer<unsigned long long> bad(1);
+    for (int k = 0; k < n_streams; k += 7) {
+      read_check_kernel<<<64, 128, 0, streams[k]>>>(a.ref(), bam_test::layout{0, 4096, 512, 1}, 4, bad.get());
+      REQUIRE(cudaGetLastError() == cudaSuccess);
+    }
+    for (auto& st : streams) {
+      CHECK(cudaStreamSynchronize(st) == cudaSuccess);
+      CHECK(cudaStreamDestroy(st) == cudaSuccess);
+    }
+    REQUIRE_NOTHROW(a.check());
+    unsigned long long b = 1;
+    bam::copy_to_host(&b, bad.get(), 1);
+    CHECK(b == 0);
+  }
+  std::remove(path.c_str());
+}
+
+namespace {
+
+__global__ void first_launch_kernel(unsigned* flag) { *flag = 1; } // launched by one test only
+
+} // namespace
+
+TEST_CASE("CPU engine for GPU clients: a kernel launched for the first time behind one that waits on the engine",
+          "[gpu][client]") {
+  // Loading a kernel lazily at its first launch waits for the running
+  // kernels and holds up the engine's CUDA copies meanwhile: the reads below
+  // would wait out their deadline. Eager loading (test_util.cuh) avoids it;
+  // CUDA_MODULE_LOADING=LAZY in the environment shows the stall.
+  const char* mode = std::getenv("CUDA_MODULE_LOADING");
+  INFO("CUDA_MODULE_LOADING=" << (mode ? mode : "(unset)"));
+  CHECK(bam::emu::lazy_module_loading() == (mode != nullptr && std::string(mode) == "LAZY"));
+  bam::storage s("emu:ram=16M,queues=8,depth=64,threads=2");
+  bam_test::fill_pattern(s);
+  bam::page_cache cache({.page_size = 4096, .capacity = 2 << 20, .timeout_ns = 3'000'000'000});
+  bam::array<std::uint32_t> a(cache, s, (16ull << 20) / 4);
+  cudaStream_t stream;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  bam::device_buffer<unsigned long long> bad(1);
+  bam::device_buffer<unsigned> flag(1);
+  REQUIRE(cudaMemsetAsync(bad.get(), 0, sizeof(unsigned long long), stream) == cudaSuccess);
+  REQUIRE(cudaMemsetAsync(flag.get(), 0, sizeof(unsigned), stream) == cudaSuccess);
+  read_check_kernel<<<64, 128, 0, stream>>>(a.ref(), bam_test::layout{0, 4096, 512, 1}, 4, bad.get());
+  first_launch_kernel<<<1, 1, 0, stream>>>(flag.get());
+  REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+  REQUIRE_NOTHROW(a.check(stream));
+  unsigned long long b = 1;
+  unsigned f = 0;
+  bam::copy_to_host(&b, bad.get(), 1);
+  bam::copy_to_host(&f, flag.get(), 1);
+  CHECK(b == 0);
+  CHECK(f == 1);
+  REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
 }

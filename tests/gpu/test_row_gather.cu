@@ -13,7 +13,10 @@
 #include <catch2/generators/catch_generators.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <unistd.h>
+
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -345,4 +348,35 @@ TEST_CASE("gather_rows: an id out of range makes check() throw naming its index"
   CHECK_THROWS_AS(bam::gather_rows(a, static_cast<const std::uint64_t*>(nullptr), 1, n + 1,
                                    static_cast<std::uint32_t*>(nullptr)),
                   bam::error);
+}
+
+TEST_CASE("gather_rows over the CPU engine: host RAM and a file, on a stream of its own",
+          "[gpu][row_gather][client]") {
+  const std::string path = "/tmp/bam-gpu-gather-" + std::to_string(::getpid()) + ".img";
+  const std::string dev = GENERATE_COPY(std::string("emu:ram=24M,queues=16,depth=64,threads=4"),
+                                        "emu:file=" + path + ",size=24M,queues=32,threads=8");
+  INFO(dev);
+  {
+    constexpr std::uint64_t width = 1024; // 4 KiB rows, as GNN features
+    bam::storage s(dev);
+    bam_test::fill_pattern(s);
+    bam::page_cache cache({.page_size = 4096, .capacity = 2 << 20, .timeout_ns = 2'000'000'000});
+    const std::uint64_t n = (20ull << 20) / 4;
+    bam::array<std::uint32_t> a(cache, s, n);
+    const layout l{0, 4096, s.lba_size(), 1};
+    const std::uint64_t rows = n / width;
+    std::vector<std::uint64_t> ids;
+    for (std::uint64_t k = 0; k < 6000; ++k)
+      ids.push_back(bam_test::rnd(k * 13) % rows);
+    cudaStream_t stream;
+    BAM_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    const std::vector<std::uint32_t> got = gather(a, ids, width, stream);
+    REQUIRE_NOTHROW(a.check(stream));
+    std::string first;
+    const std::uint64_t bad = wrong_elements(l, ids, width, got, first);
+    INFO("first wrong: " << first);
+    CHECK(bad == 0);
+    BAM_CUDA_TRY(cudaStreamDestroy(stream));
+  }
+  std::remove(path.c_str());
 }

@@ -9,6 +9,17 @@
 //!   cfg.io_engine = engine;
 //!   bam::controller c(bam::emu::make_controller(cfg), bam::emu::client_queue_options({}));
 //! @endcode
+//!
+//! Lazy module loading (CUDA's default since 12.2): loading a kernel at its
+//! first launch waits for the kernels already running, and holds up every
+//! other CUDA call of the process meanwhile, the engine's copies included.
+//! A kernel launched for the first time while a kernel waits on this engine
+//! (e.g. queued behind it on the same stream) therefore stalls both until
+//! the wait's deadline. Run such programs with `CUDA_MODULE_LOADING=EAGER`
+//! (or call `prefer_eager_module_loading()` before CUDA starts); the engine
+//! warns once when it finds lazy loading on. The GPU engine (`emu-gpu:`) and
+//! real controllers need no CUDA call to complete a command and are not
+//! affected.
 #pragma once
 
 #include <bam/cuda.cuh>
@@ -16,9 +27,13 @@
 #include <bam/emu/client_engine.hpp>
 #include <bam/runtime/detail/device_memory.cuh>
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 namespace bam::emu {
@@ -155,9 +170,44 @@ private:
 
 } // namespace detail
 
-//! A CPU engine serving GPU clients from `m`, with CUDA copies.
+//! Ask CUDA to load every kernel when a module loads, not at its first
+//! launch (sets `CUDA_MODULE_LOADING=EAGER` unless the environment names a
+//! mode). Takes effect only before the process's first CUDA call; returns
+//! false when CUDA may have started already (the variable was set too late
+//! to matter, or another mode was chosen).
+inline bool prefer_eager_module_loading() {
+  const char* v = std::getenv("CUDA_MODULE_LOADING");
+  if (v != nullptr) return std::strcmp(v, "EAGER") == 0;
+  return ::setenv("CUDA_MODULE_LOADING", "EAGER", 0) == 0;
+}
+
+//! True when this process's CUDA loads kernels lazily (at their first launch).
+inline bool lazy_module_loading() {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  if (cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &fn, 12000, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess || fn == nullptr) {
+    (void)cudaGetLastError();
+    const char* v = std::getenv("CUDA_MODULE_LOADING");
+    return v == nullptr || std::strcmp(v, "EAGER") != 0;
+  }
+  CUmoduleLoadingMode mode{};
+  if (reinterpret_cast<CUresult (*)(CUmoduleLoadingMode*)>(fn)(&mode) != CUDA_SUCCESS) return false;
+  return mode == CU_MODULE_LAZY_LOADING;
+}
+
+//! A CPU engine serving GPU clients from `m`, with CUDA copies. Warns once
+//! per process when kernels load lazily (see the top of this file).
 inline std::shared_ptr<io_engine> make_client_engine(std::shared_ptr<media> m, std::uint32_t max_qid,
                                                      std::uint32_t threads) {
+  static std::once_flag checked;
+  std::call_once(checked, [] {
+    if (lazy_module_loading())
+      warn("the CPU engine of the software controller (emu:) runs with lazy CUDA module loading: a kernel "
+           "launched for the first time while another waits on this storage stalls both until the wait times "
+           "out. Set CUDA_MODULE_LOADING=EAGER before the program starts CUDA");
+  });
   return std::make_shared<detail::client_engine_owner>(std::move(m), max_qid, threads);
 }
 
