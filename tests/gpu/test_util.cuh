@@ -12,11 +12,6 @@
 
 namespace bam_test {
 
-//! The CPU engine's copies stall behind a kernel's lazy loading (see
-//! bam/emu/client_engine.cuh): the tests run with eager loading, as
-//! programs using that engine must, unless the environment names a mode.
-inline const bool eager_module_loading = bam::emu::prefer_eager_module_loading();
-
 __host__ __device__ inline std::uint32_t pattern(std::uint32_t ctrl, std::uint64_t lba, std::uint32_t word) {
   std::uint64_t x = (static_cast<std::uint64_t>(ctrl) << 56) ^ (lba << 12) ^ word;
   x ^= x >> 33;
