@@ -6,9 +6,11 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -205,4 +207,48 @@ TEST_CASE("CPU engine for GPU clients: lazy module loading is warned about", "[g
   // Once a process: none here if an earlier case of this process made a CPU engine.
   REQUIRE(warnings.size() <= 1);
   for (const auto& w : warnings) CHECK(w.find("CUDA_MODULE_LOADING=EAGER") != std::string::npos);
+}
+
+TEST_CASE("CPU engine for GPU clients: a read that timed out never lands in the pages of a page cache destroyed "
+          "since",
+          "[gpu][client]") {
+  bam::storage s("emu:ram=8M,queues=2,depth=64,threads=1");
+  bam_test::fill_pattern(s);
+  auto& faults = s.emu_controllers().at(0)->faults();
+  constexpr std::size_t cache_bytes = 1 << 20;
+  std::uintptr_t old_lo = 0;
+  {
+    bam::page_cache cache({.page_size = 4096, .capacity = cache_bytes, .timeout_ns = 200'000'000});
+    bam::array<std::uint32_t> a(cache, s, (8ull << 20) / 4);
+    old_lo = reinterpret_cast<std::uintptr_t>(cache.state()->ref().data);
+    bam::device_buffer<unsigned long long> bad(1);
+    faults.set_paused(true); // the controller fetches nothing: every read times out
+    read_check_kernel<<<4, 64>>>(a.ref(), bam_test::layout{0, 4096, 512, 1}, 1, bad.get());
+    BAM_TEST_SYNC();
+    REQUIRE_THROWS(a.check());
+    REQUIRE(s.any_queue_broken());
+  } // the array and the cache are gone; the storage and its queued reads are not
+  // GPU memory allocated now may reuse what the cache had; fill it with a mark.
+  std::vector<bam::device_buffer<std::uint8_t>> fresh;
+  for (int k = 0; k < 8; ++k) {
+    fresh.emplace_back(cache_bytes);
+    REQUIRE(cudaMemset(fresh.back().get(), 0xab, cache_bytes) == cudaSuccess);
+  }
+  bool reused = false;
+  for (const auto& f : fresh) {
+    const auto lo = reinterpret_cast<std::uintptr_t>(f.get());
+    reused |= lo < old_lo + cache_bytes && old_lo < lo + cache_bytes;
+  }
+  INFO("GPU memory of the destroyed cache handed out again: " << reused);
+  CHECK_FALSE(reused); // kept until the storage is gone
+  faults.set_paused(false); // the reads queued before now run, late
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  std::size_t changed = 0;
+  std::vector<std::uint8_t> h(cache_bytes);
+  for (const auto& f : fresh) {
+    bam::copy_to_host(h.data(), f.get(), cache_bytes);
+    for (const std::uint8_t b : h) changed += b != 0xab;
+  }
+  CHECK(changed == 0);
 }

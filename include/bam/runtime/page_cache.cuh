@@ -107,8 +107,24 @@ public:
   }
 
   ~cache_state() {
-    // Dirty pages still here (a write-back failed, or no array detached them)
-    // get a last chance.
+    write_back_at_destruction();
+    // A storage with a broken queue may still complete a timed-out command
+    // into these pages: they stay allocated until that storage is gone.
+    try {
+      for (const auto& sp : host_spaces_)
+        if (sp.used && sp.storage) note_if_broken(*sp.storage, sp.mapping);
+      if (!broken_.empty()) {
+        auto pages = std::make_shared<aligned_device_memory>(std::move(data_));
+        for (const auto& st : broken_) st.quarantine(pages);
+      }
+    } catch (const std::exception& e) {
+      warn(std::string("page cache destruction: ") + e.what());
+    }
+  }
+
+  //! Dirty pages still here (a write-back failed, or no array detached them)
+  //! get a last chance.
+  void write_back_at_destruction() noexcept {
     bool any = false;
     for (const auto& s : host_spaces_) any |= s.used;
     if (!any) return;
@@ -357,9 +373,19 @@ private:
     return id;
   }
 
+  //! Remember `s` (and keep `mapping` with it) when one of its queues broke.
+  void note_if_broken(const storage& s, const std::shared_ptr<storage_mapping>& mapping) {
+    if (!s.any_queue_broken()) return;
+    if (mapping) s.quarantine(mapping);
+    for (const auto& b : broken_)
+      if (b.state() == s.state()) return;
+    broken_.push_back(s);
+  }
+
   void release_space(std::uint32_t id, cudaStream_t stream) {
     std::erase_if(extents_, [&](const extent& e) { return e.space == id; });
     space_host& sp = host_spaces_[id];
+    if (sp.storage) note_if_broken(*sp.storage, sp.mapping);
     const space_ref none{};
     copy_to_device(spaces_.get() + id, &none, 1, stream);
     BAM_CUDA_TRY(cudaStreamSynchronize(stream));
@@ -389,6 +415,7 @@ private:
   device_buffer<space_ref> spaces_;
   device_buffer<unsigned long long> counters_;
   std::vector<space_host> host_spaces_; // holds the mappings: destroyed before data_
+  std::vector<storage> broken_;          // storages whose queues broke while they used these pages
   std::vector<extent> extents_;
   std::uint64_t next_array_id_ = 1;
   mutable std::mutex mutex_;

@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,11 @@ namespace detail {
 struct storage_state {
   device_spec spec;
   storage_options opts;
+  // Memory a timed-out GPU command may still write (a page cache's pages
+  // and their mapping): freed last, once every controller is reset or
+  // stopped and every engine has stopped.
+  std::mutex quarantine_mutex;
+  std::vector<std::shared_ptr<void>> quarantine;
   // Destroyed bottom-up (reverse order): refs and lists, then the drivers
   // (which delete their queues), then the software controllers, then engines.
   std::vector<std::shared_ptr<emu::gpu_engine>> gpu_engines;
@@ -220,6 +226,29 @@ public:
     m->tables_ = device_buffer<const std::uint64_t*>(tables.size());
     copy_to_device(m->tables_.get(), tables.data(), tables.size());
     return m;
+  }
+
+  //! True when a GPU thread's command on one of the I/O queues timed out:
+  //! that queue is broken, and its commands may still complete, writing
+  //! the memory they name.
+  bool any_queue_broken() const {
+    for (const auto& pc : s_->per) {
+      std::vector<nvme::queue_pair_ref> refs(pc.queues.size());
+      copy_to_host(refs.data(), pc.queues.get(), refs.size());
+      for (const auto& r : refs) {
+        if (r.counters == nullptr) continue;
+        std::uint32_t broken = 0;
+        BAM_CUDA_TRY(cudaMemcpy(&broken, &r.counters->broken, sizeof broken, cudaMemcpyDefault));
+        if (broken != 0) return true;
+      }
+    }
+    return false;
+  }
+  //! Keep `memory` until this storage's controllers and engines are gone
+  //! (for memory a timed-out command may still write).
+  void quarantine(std::shared_ptr<void> memory) const {
+    std::lock_guard lock(s_->quarantine_mutex);
+    s_->quarantine.push_back(std::move(memory));
   }
 
   //! The shared state (arrays and caches keep it alive).
