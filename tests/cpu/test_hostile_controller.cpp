@@ -9,9 +9,11 @@
 
 #include <catch2/catch_test_macros.hpp>
 
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -131,6 +133,25 @@ TEST_CASE("a completion for a command id with nothing in flight never completes 
   // Before the fix the stray entry had been filed under cid 2 and completed
   // ticket 2 at once; now it waits for its own completion and times out.
   CHECK(h.q.wait(t[2]) == nvme::status_timeout);
+}
+
+TEST_CASE("a queue timeout too large to add to the clock means no deadline", "[queue][hostile]") {
+  hand_queue h;
+  h.q.timeout_ns = ~std::uint64_t{0};
+  std::uint64_t t = 0;
+  REQUIRE(h.q.submit(nvme::make_flush(1), t) == nvme::status_success);
+  // The completion comes 100 ms later; a deadline that wrapped around the
+  // clock would have ended the wait at once with a timeout.
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    h.post(h.q.cid_of(t), h.q.qid, 1);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  const nvme::status st = h.q.wait(t);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  late.join();
+  CHECK(st == nvme::status_success);
+  CHECK(waited >= std::chrono::milliseconds(50));
 }
 
 TEST_CASE("a duplicate completion and one naming another SQ are dropped", "[queue][hostile]") {

@@ -79,6 +79,11 @@ BAM_HD inline std::uint64_t now_ns() {
 #endif
 }
 
+//! `now + timeout_ns`, saturated: a timeout too large to add is "never".
+BAM_HD inline std::uint64_t deadline_after(std::uint64_t now, std::uint64_t timeout_ns) {
+  return timeout_ns > ~std::uint64_t{0} - now ? ~std::uint64_t{0} : now + timeout_ns;
+}
+
 BAM_HD inline void relax(unsigned ns_hint) {
 #if BAM_DEVICE_CODE
   __nanosleep(ns_hint);

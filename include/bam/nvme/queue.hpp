@@ -450,7 +450,7 @@ struct progress_deadline {
   bool fetched = false;
 
   BAM_HD void start(const queue_pair_ref& q) {
-    deadline = bam::detail::now_ns() + q.timeout_ns;
+    deadline = bam::detail::deadline_after(bam::detail::now_ns(), q.timeout_ns);
     seen = q.progress_count();
     fetched = false;
   }
@@ -461,12 +461,12 @@ struct progress_deadline {
     const std::uint64_t p = q.progress_count();
     if (!fetched && ticket != ~0ull && q.fetched(ticket)) {
       fetched = true;
-      deadline = now + q.timeout_ns;
+      deadline = bam::detail::deadline_after(now, q.timeout_ns);
       return false;
     }
     if (!fetched && p != seen) {
       seen = p;
-      deadline = now + q.timeout_ns;
+      deadline = bam::detail::deadline_after(now, q.timeout_ns);
       return false;
     }
     return true;

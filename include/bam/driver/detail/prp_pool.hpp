@@ -8,6 +8,7 @@
 #include <bam/nvme/prp.hpp>
 #include <bam/transport/transport.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -54,7 +55,10 @@ public:
   //! Wait for an entry, holding none; bounded like every wait.
   std::uint32_t acquire(std::uint64_t timeout_ns, const std::string& controller) {
     std::unique_lock<std::mutex> lock(m_);
-    if (!cv_.wait_for(lock, std::chrono::nanoseconds(timeout_ns), [&] { return !free_.empty(); })) {
+    // A timeout past what the clock can add (about 146 years) waits that long.
+    constexpr std::uint64_t longest = std::uint64_t{1} << 62;
+    const auto wait = std::chrono::nanoseconds(static_cast<std::int64_t>(std::min(timeout_ns, longest)));
+    if (!cv_.wait_for(lock, wait, [&] { return !free_.empty(); })) {
       error_context c;
       c.controller = controller;
       c.status = nvme::status_timeout;

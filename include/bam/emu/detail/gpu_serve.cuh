@@ -239,7 +239,7 @@ BAM_DEVICE BAM_NOINLINE inline unsigned serve_warp(const gpu_engine_ref& e, std:
 
   // 2. Publish the fetch in order.
   const std::uint64_t start = bam::detail::now_ns();
-  const std::uint64_t deadline = start + e.timeout_ns;
+  const std::uint64_t deadline = bam::detail::deadline_after(start, e.timeout_ns);
   bool stuck = false;
   if (lane == leader) {
     dev_atomic<std::uint64_t> fetched(q.sq_fetched);

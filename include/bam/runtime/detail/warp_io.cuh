@@ -193,10 +193,6 @@ BAM_DEVICE inline void io_abandon(io_slot& s) {
   }
 }
 
-//! `now + timeout_ns`, saturated: a timeout too large to add is "never".
-BAM_HD inline std::uint64_t deadline_after(std::uint64_t now, std::uint64_t timeout_ns) {
-  return timeout_ns > ~0ull - now ? ~0ull : now + timeout_ns;
-}
 
 //! A warp's deadline: read the clock only when a round moved nothing;
 //! restart while the progress marker (summed over the warp) changes.
