@@ -28,6 +28,9 @@
 //!    deadline at all for the cache's waits. A miss whose
 //!    set changed in nothing for a whole deadline fails, and so do the
 //!    misses queued behind it on that set, when their turn comes.
+//!  - After a timeout the cache's GPU memory outlives the cache: it is
+//!    handed to each storage whose queues broke (`storage::quarantine`) and
+//!    freed once that storage's controllers and engines are gone.
 //!
 //! @code
 //!   bam::page_cache cache({.page_size = 4096, .capacity = 1ull << 30});
