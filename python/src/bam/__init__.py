@@ -65,7 +65,13 @@ class TransferResult:
 def open(device_string: str) -> Storage:  # noqa: A001 - bam.open mirrors bam::storage's constructor
     """Open what a device string names (``emu:ram=64M``, ``emu:file=/path,size=8G``,
     ``emu-gpu:ram=1G``, ``/dev/bam-nvme0``). ``emu-gpu:`` devices need a CUDA GPU.
-    A bad string raises :class:`bam.Error` with bam's one-line text."""
+    A bad string raises :class:`bam.Error` with bam's one-line text.
+
+    GPU reads over an ``emu:`` device are served by host threads with CUDA
+    copies, which CUDA's lazy kernel loading (PyTorch's default) can hold up
+    until a read times out when a kernel is launched for the first time while
+    bam's kernel waits: start such programs with ``CUDA_MODULE_LOADING=EAGER``
+    in the environment (bam warns when it finds lazy loading on)."""
     return Storage(device_string)
 
 
