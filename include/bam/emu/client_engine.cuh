@@ -172,9 +172,9 @@ private:
 
 //! Ask CUDA to load every kernel when a module loads, not at its first
 //! launch (sets `CUDA_MODULE_LOADING=EAGER` unless the environment names a
-//! mode). Takes effect only before the process's first CUDA call; returns
-//! false when CUDA may have started already (the variable was set too late
-//! to matter, or another mode was chosen).
+//! mode). Takes effect only if called before the process's first CUDA call,
+//! which it cannot tell; `lazy_module_loading()` says what CUDA chose.
+//! Returns false when the environment names another mode.
 inline bool prefer_eager_module_loading() {
   const char* v = std::getenv("CUDA_MODULE_LOADING");
   if (v != nullptr) return std::strcmp(v, "EAGER") == 0;
@@ -185,10 +185,11 @@ inline bool prefer_eager_module_loading() {
 inline bool lazy_module_loading() {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult found{};
-  if (cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &fn, 12000, cudaEnableDefault, &found) !=
-          cudaSuccess ||
-      found != cudaDriverEntryPointSuccess || fn == nullptr) {
-    (void)cudaGetLastError();
+  const cudaError_t e =
+      cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &fn, 12000, cudaEnableDefault, &found);
+  if (e != cudaSuccess) (void)cudaGetLastError(); // this call's own error, not one pending before it
+  if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr) {
+    // No answer from the driver: CUDA's default (lazy) unless the environment says EAGER.
     const char* v = std::getenv("CUDA_MODULE_LOADING");
     return v == nullptr || std::strcmp(v, "EAGER") != 0;
   }

@@ -28,9 +28,10 @@
 //!    deadline at all for the cache's waits. A miss whose
 //!    set changed in nothing for a whole deadline fails, and so do the
 //!    misses queued behind it on that set, when their turn comes.
-//!  - After a timeout the cache's GPU memory outlives the cache: it is
-//!    handed to each storage whose queues broke (`storage::quarantine`) and
-//!    freed once that storage's controllers and engines are gone.
+//!  - After a timeout the cache's GPU memory outlives the cache: when a
+//!    slot was lost or a queue of a storage it served broke, the memory is
+//!    handed to every such storage still alive (`storage::quarantine`) and
+//!    freed once their controllers and engines are gone.
 //!
 //! @code
 //!   bam::page_cache cache({.page_size = 4096, .capacity = 1ull << 30});
@@ -111,14 +112,24 @@ public:
 
   ~cache_state() {
     write_back_at_destruction();
-    // A storage with a broken queue may still complete a timed-out command
-    // into these pages: they stay allocated until that storage is gone.
+    // A slot whose command timed out may still be written by that command,
+    // and so may a slot whose waiter gave up because its queue broke (a
+    // timeout of another command): the pages (and their mappings) then stay
+    // allocated until every storage that used them is gone.
     try {
-      for (const auto& sp : host_spaces_)
-        if (sp.used && sp.storage) note_if_broken(*sp.storage, sp.mapping);
-      if (!broken_.empty()) {
-        auto pages = std::make_shared<aligned_device_memory>(std::move(data_));
-        for (const auto& st : broken_) st.quarantine(pages);
+      bool keep = false;
+      for (const auto& w : served_)
+        if (auto st = w.lock()) keep = keep || queue_broken(*st);
+      if (keep || any_slot_lost()) {
+        auto q = std::make_shared<quarantined_pages>();
+        for (auto& sp : host_spaces_)
+          if (sp.mapping) q->mappings.push_back(sp.mapping);
+        q->pages = std::move(data_);
+        for (const auto& w : served_)
+          if (auto st = w.lock()) {
+            std::lock_guard lock(st->quarantine_mutex);
+            st->quarantine.push_back(q);
+          }
       }
     } catch (const std::exception& e) {
       warn(std::string("page cache destruction: ") + e.what());
@@ -358,6 +369,7 @@ private:
       if (other.used && other.storage->state() == s.state()) sp.mapping = other.mapping;
     if (!sp.mapping) sp.mapping = std::shared_ptr<storage_mapping>(s.map(data_.data(), data_.size()));
     sp.storage = s;
+    remember(s);
     sp.err = device_buffer<device_error_record>(1);
     sp.used = true;
     sp.shared = shared;
@@ -376,19 +388,51 @@ private:
     return id;
   }
 
-  //! Remember `s` (and keep `mapping` with it) when one of its queues broke.
-  void note_if_broken(const storage& s, const std::shared_ptr<storage_mapping>& mapping) {
-    if (!s.any_queue_broken()) return;
-    if (mapping) s.quarantine(mapping);
-    for (const auto& b : broken_)
-      if (b.state() == s.state()) return;
-    broken_.push_back(s);
+  //! Pages a timed-out command may still write, with the mappings of them:
+  //! the mappings are undone before the pages are freed.
+  struct quarantined_pages {
+    aligned_device_memory pages;
+    std::vector<std::shared_ptr<storage_mapping>> mappings; // destroyed first
+  };
+
+  //! A storage these pages served (kept weakly: a storage that is gone has
+  //! stopped its controllers and engines).
+  void remember(const storage& s) {
+    for (const auto& w : served_)
+      if (w.lock() == s.state()) return;
+    std::erase_if(served_, [](const std::weak_ptr<storage_state>& w) { return w.expired(); });
+    served_.push_back(s.state());
+  }
+
+  //! Does `s` say that one of its queues broke? A failed look says yes:
+  //! keeping memory is the safe side.
+  static bool queue_broken(const storage_state& s) {
+    try {
+      return any_queue_broken(s);
+    } catch (const std::exception&) {
+      return true;
+    }
+  }
+
+  //! Is any slot out of use for good (its load or write-back timed out)?
+  bool any_slot_lost() const {
+    constexpr std::uint64_t chunk = 1u << 20;
+    std::vector<std::uint64_t> words(static_cast<std::size_t>(std::min<std::uint64_t>(chunk, nslots_)));
+    for (std::uint64_t first = 0; first < nslots_; first += chunk) {
+      const std::uint64_t n = std::min<std::uint64_t>(chunk, nslots_ - first);
+      copy_to_host(words.data(), slots_.get() + first, static_cast<std::size_t>(n));
+      for (std::uint64_t k = 0; k < n; ++k)
+        if (slot_lost(words[k])) return true;
+    }
+    return false;
   }
 
   void release_space(std::uint32_t id, cudaStream_t stream) {
     std::erase_if(extents_, [&](const extent& e) { return e.space == id; });
     space_host& sp = host_spaces_[id];
-    if (sp.storage) note_if_broken(*sp.storage, sp.mapping);
+    // The mapping of the pages for that storage ends here, unless one of its
+    // commands timed out (it may still reach them): then it stays with it.
+    if (sp.storage && sp.mapping && queue_broken(*sp.storage->state())) sp.storage->quarantine(sp.mapping);
     const space_ref none{};
     copy_to_device(spaces_.get() + id, &none, 1, stream);
     BAM_CUDA_TRY(cudaStreamSynchronize(stream));
@@ -418,7 +462,7 @@ private:
   device_buffer<space_ref> spaces_;
   device_buffer<unsigned long long> counters_;
   std::vector<space_host> host_spaces_; // holds the mappings: destroyed before data_
-  std::vector<storage> broken_;          // storages whose queues broke while they used these pages
+  std::vector<std::weak_ptr<storage_state>> served_; // storages these pages served
   std::vector<extent> extents_;
   std::uint64_t next_array_id_ = 1;
   mutable std::mutex mutex_;

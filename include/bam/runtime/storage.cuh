@@ -89,6 +89,26 @@ struct storage_state {
   bool has_spec = false;
 };
 
+//! True when a GPU thread's command on one of `s`'s I/O queues timed out
+//! (see `storage::any_queue_broken`).
+inline bool any_queue_broken(const storage_state& s) {
+  // On a stream of its own: waits for no kernel of the caller's.
+  cudaStream_t st = nullptr;
+  BAM_CUDA_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const std::unique_ptr<CUstream_st, void (*)(cudaStream_t)> owner(
+      st, [](cudaStream_t x) { BAM_CUDA_LOG(cudaStreamDestroy(x)); });
+  std::vector<std::uint32_t> broken;
+  std::vector<const std::uint32_t*> words;
+  for (const auto& c : s.ctrls)
+    for (std::uint32_t q = 0; q < c->io_queue_count(); ++q)
+      if (const auto* counters = c->io_queue(q).counters; counters != nullptr) words.push_back(&counters->broken);
+  broken.resize(words.size());
+  for (std::size_t k = 0; k < words.size(); ++k)
+    BAM_CUDA_TRY(cudaMemcpyAsync(&broken[k], words[k], sizeof(std::uint32_t), cudaMemcpyDefault, st));
+  BAM_CUDA_TRY(cudaStreamSynchronize(st));
+  return std::any_of(broken.begin(), broken.end(), [](std::uint32_t b) { return b != 0; });
+}
+
 } // namespace detail
 
 class storage {
@@ -231,19 +251,7 @@ public:
   //! True when a GPU thread's command on one of the I/O queues timed out:
   //! that queue is broken, and its commands may still complete, writing
   //! the memory they name.
-  bool any_queue_broken() const {
-    for (const auto& pc : s_->per) {
-      std::vector<nvme::queue_pair_ref> refs(pc.queues.size());
-      copy_to_host(refs.data(), pc.queues.get(), refs.size());
-      for (const auto& r : refs) {
-        if (r.counters == nullptr) continue;
-        std::uint32_t broken = 0;
-        BAM_CUDA_TRY(cudaMemcpy(&broken, &r.counters->broken, sizeof broken, cudaMemcpyDefault));
-        if (broken != 0) return true;
-      }
-    }
-    return false;
-  }
+  bool any_queue_broken() const { return detail::any_queue_broken(*s_); }
   //! Keep `memory` until this storage's controllers and engines are gone
   //! (for memory a timed-out command may still write).
   void quarantine(std::shared_ptr<void> memory) const {
