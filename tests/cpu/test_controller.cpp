@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <cstdio>
 #include <filesystem>
@@ -510,4 +511,26 @@ TEST_CASE("a teardown that fails is reported, not swallowed", "[controller][erro
   emu_ctrl->faults().clear();
   controller again(emu_ctrl, {});
   CHECK(again.state() == controller_state::ready);
+}
+
+TEST_CASE("a PRP list wait with a timeout past the clock's range waits instead of failing", "[controller][errors]") {
+  auto emu_ctrl = ram_controller(1024);
+  bam::detail::prp_pool pool;
+  pool.setup(*emu_ctrl, 1 << 20);
+  std::vector<std::uint32_t> taken;
+  while (const auto e = pool.try_acquire()) taken.push_back(*e);
+  REQUIRE(taken.size() == bam::detail::prp_pool::entries);
+  // One entry comes back 100 ms later; a timeout that overflowed std::chrono
+  // (2^64 - 1 ns as a signed count: -1) ended the wait at once with an error.
+  std::thread back([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    pool.release(taken.back());
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  std::uint32_t got = ~0u;
+  CHECK_NOTHROW(got = pool.acquire(~std::uint64_t{0}, "test"));
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  back.join();
+  CHECK(got == taken.back());
+  CHECK(waited >= std::chrono::milliseconds(50));
 }
