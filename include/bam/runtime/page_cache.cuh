@@ -120,7 +120,7 @@ public:
       bool keep = false;
       for (const auto& w : served_)
         if (auto st = w.lock()) keep = keep || queue_broken(*st);
-      if (keep || any_slot_lost()) {
+      if (keep || any_slot_lost_or_unknown()) {
         auto q = std::make_shared<quarantined_pages>();
         for (auto& sp : host_spaces_)
           if (sp.mapping) q->mappings.push_back(sp.mapping);
@@ -128,7 +128,7 @@ public:
         for (const auto& w : served_)
           if (auto st = w.lock()) {
             std::lock_guard lock(st->quarantine_mutex);
-            st->quarantine.push_back(q);
+            st->quarantine.items.push_back(q);
           }
       }
     } catch (const std::exception& e) {
@@ -415,6 +415,14 @@ private:
   }
 
   //! Is any slot out of use for good (its load or write-back timed out)?
+  //! A failed look says yes: keeping memory is the safe side.
+  bool any_slot_lost_or_unknown() const noexcept {
+    try {
+      return any_slot_lost();
+    } catch (const std::exception&) {
+      return true;
+    }
+  }
   bool any_slot_lost() const {
     constexpr std::uint64_t chunk = 1u << 20;
     std::vector<std::uint64_t> words(static_cast<std::size_t>(std::min<std::uint64_t>(chunk, nslots_)));

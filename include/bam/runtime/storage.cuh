@@ -68,7 +68,16 @@ struct storage_state {
   // and their mapping): freed last, once every controller is reset or
   // stopped and every engine has stopped.
   std::mutex quarantine_mutex;
-  std::vector<std::shared_ptr<void>> quarantine;
+  //! Released in the order kept (a mapping before the pages it maps).
+  struct kept_in_order {
+    std::vector<std::shared_ptr<void>> items;
+    kept_in_order() = default;
+    kept_in_order(const kept_in_order&) = delete;
+    kept_in_order& operator=(const kept_in_order&) = delete;
+    ~kept_in_order() {
+      for (auto& i : items) i.reset();
+    }
+  } quarantine;
   // Destroyed bottom-up (reverse order): refs and lists, then the drivers
   // (which delete their queues), then the software controllers, then engines.
   std::vector<std::shared_ptr<emu::gpu_engine>> gpu_engines;
@@ -256,7 +265,7 @@ public:
   //! (for memory a timed-out command may still write).
   void quarantine(std::shared_ptr<void> memory) const {
     std::lock_guard lock(s_->quarantine_mutex);
-    s_->quarantine.push_back(std::move(memory));
+    s_->quarantine.items.push_back(std::move(memory));
   }
 
   //! The shared state (arrays and caches keep it alive).
