@@ -126,10 +126,7 @@ public:
           if (sp.mapping) q->mappings.push_back(sp.mapping);
         q->pages = std::move(data_);
         for (const auto& w : served_)
-          if (auto st = w.lock()) {
-            std::lock_guard lock(st->quarantine_mutex);
-            st->quarantine.items.push_back(q);
-          }
+          if (auto st = w.lock()) detail::quarantine(*st, q);
       }
     } catch (const std::exception& e) {
       warn(std::string("page cache destruction: ") + e.what());

@@ -118,6 +118,12 @@ inline bool any_queue_broken(const storage_state& s) {
   return std::any_of(broken.begin(), broken.end(), [](std::uint32_t b) { return b != 0; });
 }
 
+//! Keep `memory` until `s`'s controllers and engines are gone.
+inline void quarantine(storage_state& s, std::shared_ptr<void> memory) {
+  std::lock_guard lock(s.quarantine_mutex);
+  s.quarantine.items.push_back(std::move(memory));
+}
+
 } // namespace detail
 
 class storage {
@@ -263,10 +269,7 @@ public:
   bool any_queue_broken() const { return detail::any_queue_broken(*s_); }
   //! Keep `memory` until this storage's controllers and engines are gone
   //! (for memory a timed-out command may still write).
-  void quarantine(std::shared_ptr<void> memory) const {
-    std::lock_guard lock(s_->quarantine_mutex);
-    s_->quarantine.items.push_back(std::move(memory));
-  }
+  void quarantine(std::shared_ptr<void> memory) const { detail::quarantine(*s_, std::move(memory)); }
 
   //! The shared state (arrays and caches keep it alive).
   std::shared_ptr<detail::storage_state> state() const { return s_; }

@@ -193,7 +193,6 @@ BAM_DEVICE inline void io_abandon(io_slot& s) {
   }
 }
 
-
 //! A warp's deadline: read the clock only when a round moved nothing;
 //! restart while the progress marker (summed over the warp) changes.
 struct warp_deadline {
