@@ -12,8 +12,9 @@
 //
 // Modes: raw (GPU threads issue NVMe commands straight through the queues,
 // no cache), element (a[i], 32 lanes on consecutive elements of a page),
-// reader (the same through a page-holding reader), range (a warp copies
-// whole pages with copy_to). In the array modes --io-size is the page size.
+// reader (the same through a reader that remembers slots), page (the same
+// through a pinned page handle, a.page(i)), range (a warp copies whole
+// pages with copy_to). In the array modes --io-size is the page size.
 #include "detail/bench_kernels.cuh"
 #include "detail/host_baselines.hpp"
 #include "detail/timing.cuh"
@@ -250,6 +251,8 @@ run_result run_device(const options& o, const std::string& dev) {
             bench::array_kernel<bench::array_mode::element><<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
           else if (o.mode == "reader")
             bench::array_kernel<bench::array_mode::reader><<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
+          else if (o.mode == "page")
+            bench::array_kernel<bench::array_mode::page><<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
           else
             bench::array_kernel<bench::array_mode::range><<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
         },
@@ -359,7 +362,7 @@ int main(int argc, char** argv) {
   CLI::App app{"bam block benchmark: GPU-initiated I/O on any transport, with ceilings from the same run"};
   options o;
   app.add_option("--device", o.devices, "device strings (default: emu-gpu:null=64G with --queues/--depth/--ssds)");
-  app.add_option("--mode", o.mode, "raw | element | reader | range")->check(CLI::IsMember({"raw", "element", "reader", "range"}));
+  app.add_option("--mode", o.mode, "raw | element | reader | page | range")->check(CLI::IsMember({"raw", "element", "reader", "page", "range"}));
   app.add_option("--access", o.access, "random | sequential")->check(CLI::IsMember({"random", "sequential"}));
   app.add_option("--op", o.op, "read | write | mix")->check(CLI::IsMember({"read", "write", "mix"}));
   app.add_option("--read-percent", o.read_percent, "reads in a mix")->check(CLI::Range(0u, 100u));

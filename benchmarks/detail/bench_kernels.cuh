@@ -108,7 +108,7 @@ __global__ void raw_kernel(const bam::queue_set_ref* ctrls, std::uint32_t nctrl,
 
 // ---- through bam::array -------------------------------------------------------
 
-enum class array_mode : int { element = 0, reader = 1, range = 2 };
+enum class array_mode : int { element = 0, reader = 1, range = 2, page = 3 };
 //! The benchmark's array: 32-bit words, pages of 2^page_shift words striped
 //! over `nctrl` controllers. Word k of array page p holds
 //! pattern_word(p % nctrl, ((p / nctrl) << page_shift | k) * 4): one value
@@ -118,7 +118,8 @@ __device__ inline std::uint32_t page_base(std::uint64_t p, std::uint32_t page_sh
 }
 
 //! Every warp visits `ops_per_thread` pages: reads (or writes) every element
-//! of the page, element by element, through a reader, or as one range copy.
+//! of the page, element by element, through a reader or a pinned page
+//! handle, or as one range copy.
 template <array_mode Mode>
 __global__ void array_kernel(bam::array_ref<std::uint32_t> a, std::uint32_t nctrl, workload w, std::uint32_t* scratch,
                              stats* st) {
@@ -144,6 +145,14 @@ __global__ void array_kernel(bam::array_ref<std::uint32_t> a, std::uint32_t nctr
 #pragma unroll 4
       for (std::uint32_t k = lane; k < per_page; k += 32) {
         const std::uint32_t v = a[base + k];
+        acc ^= v;
+        bad += w.verify && v != (want ^ k);
+      }
+    } else if constexpr (Mode == array_mode::page) {
+      auto pg = a.page(base + lane);
+#pragma unroll 4
+      for (std::uint32_t k = lane; k < per_page; k += 32) {
+        const std::uint32_t v = pg[base + k];
         acc ^= v;
         bad += w.verify && v != (want ^ k);
       }

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // bam::array over the page cache, on the software controller's GPU engine:
 // random reads with eviction, writes and write-back, shared caches, range
-// copies, readers, every element size, bad indices and device errors.
+// copies, readers, page handles, every element size, bad indices and device errors.
 #include "test_util.cuh"
 
 #include <catch2/catch_template_test_macros.hpp>
@@ -297,6 +297,166 @@ TEST_CASE("a reader's lanes that leave a loop do not keep the rest of the warp f
   for (unsigned lane = 0; lane < 32; ++lane) CHECK(got[lane] == l.expected((lane < 16 ? 7 : 5) * 1024ull + lane));
 }
 
+namespace {
+
+// Each warp walks a random stretch page by page with a page handle per page;
+// the lanes read that page's elements of the stretch (a stretch's first and
+// last pages leave some lanes without one: the warp diverges inside the
+// handle's scope).
+__global__ void page_walk_kernel(bam::array_ref<std::uint32_t> a, layout l, std::uint32_t stretch, int iters,
+                                 counters* c, unsigned long long* pinned) {
+  const std::uint64_t warp = (blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x) / 32;
+  const unsigned lane = threadIdx.x % 32;
+  const std::uint64_t per_page = l.page_size / 4;
+  unsigned long long bad = 0, done = 0, held = 0;
+  for (int it = 0; it < iters; ++it) {
+    const std::uint64_t begin = rnd(warp * 7 + it) % (a.size() - stretch);
+    for (std::uint64_t p0 = begin; p0 < begin + stretch; p0 = (p0 / per_page + 1) * per_page) {
+      const std::uint64_t end = (p0 / per_page + 1) * per_page < begin + stretch ? (p0 / per_page + 1) * per_page
+                                                                                  : begin + stretch;
+      auto pg = a.page(p0);
+      held += lane == 0 && pg.pinned();
+      for (std::uint64_t i = p0 + lane; i < end; i += 32) {
+        bad += pg[i] != l.expected(i);
+        ++done;
+      }
+    }
+  }
+  if (bad) atomicAdd(&c->bad, bad);
+  atomicAdd(&c->done, done);
+  if (held) atomicAdd(pinned, held);
+}
+
+// The same walk's pages counted on the host.
+std::uint64_t pages_walked(std::uint64_t begin, std::uint64_t stretch, std::uint64_t per_page) {
+  return (begin + stretch - 1) / per_page - begin / per_page + 1;
+}
+
+} // namespace
+
+TEST_CASE("page handles walking through pages see the right data under eviction", "[gpu][array]") {
+  const auto page = GENERATE(std::size_t{512}, std::size_t{4096}, std::size_t{16384});
+  bam::storage s(dev_string("hbm", 64, 2));
+  bam_test::fill_pattern(s);
+  bam::page_cache cache({.page_size = page, .capacity = 4ull << 20});
+  bam::array<std::uint32_t> a(cache, s, (128ull << 20) / 4);
+  const layout l{0, static_cast<std::uint32_t>(page), 512, 2};
+  device_counters c;
+  bam::device_buffer<unsigned long long> pinned(1);
+  const unsigned long long zero = 0;
+  bam::copy_to_device(pinned.get(), &zero, 1);
+  const int blocks = 256, threads = 256, iters = 4;
+  const std::uint32_t stretch = 3000;
+  page_walk_kernel<<<blocks, threads>>>(a.ref(), l, stretch, iters, c.ptr(), pinned.get());
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(a.check());
+  CHECK(c.get().bad == 0);
+  CHECK(c.get().done == static_cast<unsigned long long>(blocks) * threads / 32 * stretch * iters);
+  // Nearly every handle holds its page (none would if the pin after a miss never took).
+  std::uint64_t handles = 0;
+  for (std::uint64_t warp = 0; warp < static_cast<std::uint64_t>(blocks) * threads / 32; ++warp)
+    for (int it = 0; it < iters; ++it)
+      handles += pages_walked(bam_test::rnd(warp * 7 + it) % (a.size() - stretch), stretch, page / 4);
+  unsigned long long held = 0;
+  bam::copy_to_host(&held, pinned.get(), 1);
+  INFO(held << " of " << handles << " page handles held their page");
+  CHECK(held * 2 > handles);
+  CHECK(held <= handles);
+}
+
+namespace {
+
+// With a cache of one slot: lanes 16..31 leave the first handle's loop early
+// (parked, still inside its scope) while lanes 0..15 read on; the handle's
+// end lets the slot go, so the second handle's page (same set) can load.
+__global__ void page_early_exit_kernel(bam::array_ref<std::uint32_t> a, std::uint64_t pb, std::uint64_t pc,
+                                       std::uint32_t per_page, layout l, std::uint32_t* out, counters* c) {
+  const unsigned lane = threadIdx.x % 32;
+  unsigned long long bad = 0;
+  {
+    auto pg = a.page(pb * per_page);
+    bad += !pg.pinned();
+    for (std::uint32_t k = lane; k < per_page; k += 32) {
+      if (lane >= 16 && k >= 64) break;
+      bad += pg[pb * per_page + k] != l.expected(pb * per_page + k);
+    }
+  }
+  {
+    auto pg = a.page(pc * per_page + lane);
+    bad += !pg.pinned();
+    out[lane] = pg[pc * per_page + lane];
+  }
+  if (bad) atomicAdd(&c->bad, bad);
+}
+
+template <class T>
+__global__ void page_index_kernel(bam::array_ref<T> a, std::uint64_t i, T* out, unsigned* pinned) {
+  auto pg = a.page(i + threadIdx.x);
+  out[threadIdx.x] = pg[i + threadIdx.x];
+  pinned[threadIdx.x] = pg.pinned();
+}
+
+} // namespace
+
+TEST_CASE("a page handle's lanes that leave a loop early do not keep its page pinned past its scope",
+          "[gpu][array][sanitize]") {
+  bam::storage s(dev_string("hbm", 16, 1));
+  bam_test::fill_pattern(s);
+  bam::page_cache cache({.page_size = 4096, .capacity = 4096, .ways = 1, .timeout_ns = 2'000'000'000ull});
+  bam::array<std::uint32_t> a(cache, s, (4ull << 20) / 4);
+  const layout l{0, 4096, 512, 1};
+  bam::device_buffer<std::uint32_t> out(32);
+  device_counters c;
+  page_early_exit_kernel<<<1, 32>>>(a.ref(), 5, 7, 1024, l, out.get(), c.ptr());
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(a.check());
+  CHECK(c.get().bad == 0);
+  std::vector<std::uint32_t> got(32);
+  bam::copy_to_host(got.data(), out.get(), got.size());
+  for (unsigned lane = 0; lane < 32; ++lane) CHECK(got[lane] == l.expected(7 * 1024ull + lane));
+}
+
+TEST_CASE("a page handle over a bad index holds nothing and reports the index", "[gpu][array]") {
+  bam::storage s("emu-gpu:hbm=16M,queues=4,depth=64");
+  bam_test::fill_pattern(s);
+  bam::page_cache cache({.page_size = 4096, .capacity = 64 << 10});
+  bam::array<std::uint32_t> a(cache, s, 1000);
+  const layout l{0, 4096, 512, 1};
+  bam::device_buffer<std::uint32_t> out(32);
+  bam::device_buffer<unsigned> pinned(32);
+  page_index_kernel<<<1, 32>>>(a.ref(), 990, out.get(), pinned.get()); // lanes 10.. are out of range
+  BAM_TEST_SYNC();
+  try {
+    a.check();
+    FAIL("check() did not throw");
+  } catch (const bam::error& e) {
+    INFO(e.what());
+    REQUIRE(e.context().index.has_value());
+    CHECK(*e.context().index >= 1000);
+    CHECK(*e.context().index < 1022);
+    REQUIRE(e.status().has_value());
+    CHECK(*e.status() == bam::nvme::status_out_of_range);
+  }
+  std::vector<std::uint32_t> got(32);
+  std::vector<unsigned> held(32);
+  bam::copy_to_host(got.data(), out.get(), got.size());
+  bam::copy_to_host(held.data(), pinned.get(), held.size());
+  for (unsigned lane = 0; lane < 32; ++lane) {
+    CHECK(held[lane] == 0); // all or none: one bad index, no lane holds its page
+    CHECK(got[lane] == (lane < 10 ? l.expected(990 + lane) : 0u));
+  }
+  // In range, the same handle holds its page and reports nothing.
+  page_index_kernel<<<1, 32>>>(a.ref(), 900, out.get(), pinned.get());
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(a.check());
+  bam::copy_to_host(got.data(), out.get(), got.size());
+  bam::copy_to_host(held.data(), pinned.get(), held.size());
+  for (unsigned lane = 0; lane < 32; ++lane) {
+    CHECK(held[lane] == 1);
+    CHECK(got[lane] == l.expected(900 + lane));
+  }
+}
+
 TEST_CASE("a cache with one way per set", "[gpu][array]") {
   bam::storage s(dev_string("hbm", 32, 1));
   bam_test::fill_pattern(s);
@@ -377,7 +537,7 @@ __global__ void element_write_kernel(bam::array_ref<T> a) {
 }
 template <class T>
 __global__ void element_check_kernel(bam::array_ref<T> a, layout l, T* scratch, counters* c) {
-  // Every element through a reader, and every 1000-element range through copy_to.
+  // Every element through a reader and through page handles, and every 1000-element range through copy_to.
   const std::uint64_t warp = (blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x) / 32;
   const std::uint64_t warps = static_cast<std::uint64_t>(gridDim.x) * blockDim.x / 32;
   const unsigned lane = threadIdx.x % 32;
@@ -393,6 +553,13 @@ __global__ void element_check_kernel(bam::array_ref<T> a, layout l, T* scratch, 
       bad += !same(r[i], want);
     }
     r.release();
+    // Every element again, through a page handle per 32 elements (two pages where a chunk crosses one).
+    for (std::uint64_t k = lane; k < ((len + 31) / 32) * 32; k += 32) {
+      const std::uint64_t i = begin + (k < len ? k : len - 1);
+      const T want = i % 3 != 0 ? written_element<T>(i) : expected_element<T>(l, i);
+      auto pg = a.page(i);
+      bad += !same(pg[i], want);
+    }
     a.copy_to(begin, len, out);
     __syncwarp();
     for (std::uint64_t k = lane; k < len; k += 32) {
@@ -406,7 +573,7 @@ __global__ void element_check_kernel(bam::array_ref<T> a, layout l, T* scratch, 
 
 } // namespace
 
-TEMPLATE_TEST_CASE("every element size: reads, writes, readers and range copies", "[gpu][array][elements]",
+TEMPLATE_TEST_CASE("every element size: reads, writes, readers, page handles and range copies", "[gpu][array][elements]",
                    std::uint8_t, std::uint16_t, std::uint32_t, std::uint64_t, pair16, vec32) {
   using T = TestType;
   bam::storage s(dev_string("hbm", 16, 2));

@@ -116,6 +116,8 @@ BAM_DEVICE inline unsigned same_value_lanes(unsigned mask, std::uint64_t v) {
 
 template <class T>
 class array_reader;
+template <class T>
+class array_page;
 
 //! Trivially copyable handle to a `bam::array<T>`; pass it to kernels by value.
 template <class T>
@@ -137,8 +139,12 @@ public:
   //! the elements of such a page are set to T{}.
   BAM_DEVICE bool copy_to(std::uint64_t begin, std::uint64_t count, T* out) const;
 
-  //! A reader that keeps the warp's current pages referenced between accesses.
+  //! A reader that remembers the cache slot of each lane's last page.
   BAM_DEVICE array_reader<T> reader() const { return array_reader<T>(*this); }
+
+  //! The page of element `i` of each lane, pinned while the returned object
+  //! lives: its elements are read with plain loads (see `array_page`).
+  BAM_DEVICE array_page<T> page(std::uint64_t i) const { return array_page<T>(*this, i); }
 
   // The handle's fields are set by `bam::array` only.
   page_cache_ref cache{};
@@ -173,6 +179,7 @@ private:
   BAM_DEVICE T access_slow(std::uint64_t i, const T* value, unsigned mask, unsigned peers, unsigned leader,
                            pin_result p, std::uint32_t* slot_of_page = nullptr) const;
   friend class array_reader<T>;
+  friend class array_page<T>;
   //! `copy_to` past its fast path: `pinned` is this lane's pin of page
   //! `first + lane` when `have_pins`.
   BAM_DEVICE bool copy_slow(std::uint64_t begin, std::uint64_t count, T* out, pin_result pinned, bool have_pins) const;
@@ -189,6 +196,15 @@ BAM_DEVICE T array_ref<T>::access(std::uint64_t i, const T* value) const {
   const unsigned leader = __ffs(peers) - 1;
   pin_result p{0, pin_state::miss};
   if (lane == leader && in_range) p = cache.pin(key, value != nullptr);
+  // A read whose pages are all in the cache is served here, with no call:
+  // one load, then the leader lets the page go once every peer's value arrived.
+  const unsigned state = __shfl_sync(mask, static_cast<unsigned>(p.state), leader);
+  if (value == nullptr && __all_sync(mask, in_range && state == static_cast<unsigned>(pin_state::hit))) {
+    const T v = load_page(element(__shfl_sync(mask, p.slot, leader), i));
+    const unsigned token = __reduce_or_sync(mask, dependency_token(first_word(v), cache.zero));
+    if (lane == leader) cache.release_read(p.slot, token);
+    return v;
+  }
   return access_slow(i, value, mask, peers, leader, p);
 }
 
@@ -433,6 +449,97 @@ private:
   array_ref<T> a_;
   std::uint64_t key_ = ~0ull; //!< this lane's last page ...
   std::uint32_t slot_ = 0;    //!< ... and the slot it was read from
+};
+
+//! The page that holds element `i` of each lane, pinned in the cache for as
+//! long as the object lives (BaM's `bam_ptr` keeps a page the same way).
+//! Reading an element of that page is one plain load: no atomic, no lookup.
+//! Lanes on the same page share one pin.
+//!
+//! Warp-collective at both ends: the lanes that make it (the active mask)
+//! must all reach its end of scope, where the pins are let go once every
+//! lane's reads have arrived. In between, lanes may diverge freely: nothing
+//! in `operator[]` waits while a page is held, except a read outside the
+//! lane's page (see below).
+//!
+//! If a page is not in the cache, making the object brings it in (a miss
+//! waits as `a[i]` does, holding nothing) and pins it then. If the warp's
+//! pages cannot all be pinned at once (another warp evicted one meanwhile,
+//! a failed read, a bad index), none is held and every read goes through
+//! `a[i]` (slower, and failures are recorded the same way).
+//!
+//! `operator[](j)` for a `j` outside the lane's page is served as `a[j]`,
+//! which may wait for the cache while this page stays pinned: keep a
+//! handle to the elements of its own page, and do not make a second one in
+//! a warp that holds one.
+//!
+//! @code
+//!   auto pg = a.page(first);                      // the whole warp, one page
+//!   for (std::uint32_t k = lane; k < per_page; k += 32) sum += pg[first + k];
+//! @endcode
+template <class T>
+class array_page {
+public:
+  BAM_DEVICE array_page(const array_ref<T>& a, std::uint64_t i) : a_(a) {
+    using namespace detail;
+    mask_ = __activemask();
+    const unsigned lane = lane_id();
+    const bool in_range = i < a_.n;
+    const std::uint64_t key = in_range ? a_.key_of(i) : ~0ull;
+    const unsigned peers = same_value_lanes(mask_, key);
+    const unsigned leader = __ffs(peers) - 1;
+    page_ = in_range ? i >> a_.elem_shift : ~0ull;
+    pin_result p{0, pin_state::miss};
+    if (lane == leader && in_range) p = a_.cache.pin(key, false);
+    unsigned state = __shfl_sync(mask_, static_cast<unsigned>(p.state), leader);
+    if (!__all_sync(mask_, in_range && state == static_cast<unsigned>(pin_state::hit))) {
+      // Bring every page in (pins let go), then pin them all at the slots
+      // they arrived in, without waiting: all or none.
+      std::uint32_t slot = ~0u;
+      (void)a_.access_slow(i, nullptr, mask_, peers, leader, p, &slot);
+      p = pin_result{0, pin_state::miss};
+      if (lane == leader && in_range && slot != ~0u) p = a_.cache.pin_slot(slot, key);
+      state = __shfl_sync(mask_, static_cast<unsigned>(p.state), leader);
+      if (!__all_sync(mask_, in_range && state == static_cast<unsigned>(pin_state::hit))) {
+        if (lane == leader && p.state == pin_state::hit) a_.cache.release_read(p.slot, 0);
+        page_ = ~0ull;
+        return;
+      }
+    }
+    slot_ = __shfl_sync(mask_, p.slot, leader);
+    pin_ = p.slot;
+    holds_pin_ = lane == leader;
+  }
+  array_page(const array_page&) = delete;
+  array_page& operator=(const array_page&) = delete;
+
+  //! Let the pins go (the lanes that made it, each reaching its end of scope).
+  BAM_DEVICE ~array_page() {
+    // Every lane's reads of its page arrived before the pin is dropped.
+    const unsigned token = detail::dependency_token(__reduce_or_sync(mask_, read_), a_.cache.zero);
+    if (holds_pin_) a_.cache.release_read(pin_, token);
+  }
+
+  //! Element `j`: a plain load if it is on this lane's pinned page, else `a[j]`.
+  BAM_DEVICE const T operator[](std::uint64_t j) {
+    if ((j >> a_.elem_shift) == page_ && j < a_.n) {
+      const T v = detail::load_page(a_.element(slot_, j));
+      read_ |= detail::first_word(v);
+      return v;
+    }
+    return a_[j];
+  }
+  //! Whether this lane's page is pinned (else every read goes through `a[j]`).
+  BAM_DEVICE bool pinned() const { return page_ != ~0ull; }
+
+private:
+  array_ref<T> a_;
+  std::uint64_t page_ = ~0ull; //!< this lane's page (element index >> elem_shift); ~0: none held
+  std::uint32_t slot_ = 0;     //!< its cache slot
+  std::uint32_t pin_ = 0;      //!< the pinned slot as the pin returned it (carries its dependency)
+  unsigned mask_ = 0;          //!< the lanes that made it
+  unsigned read_ = 0;          //!< the first words of the values read (their arrival orders the unpin)
+  bool holds_pin_ = false;     //!< this lane let go of the pin at the end
 };
 
 } // namespace bam
