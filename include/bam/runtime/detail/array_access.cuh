@@ -175,9 +175,11 @@ public:
 private:
   BAM_DEVICE T access(std::uint64_t i, const T* value) const;
   //! The miss and wait path of an access; `*slot_of_page` (if given) is set
-  //! to the slot the page was read from (a hint: the page is let go).
-  BAM_DEVICE T access_slow(std::uint64_t i, const T* value, unsigned mask, unsigned peers, unsigned leader,
-                           pin_result p, std::uint32_t* slot_of_page = nullptr) const;
+  //! to the slot the page was read from (a hint: the page is let go). The
+  //! caller holds no pin: the lanes that reach the call together group
+  //! themselves anew (the compiler may merge calls from several branches,
+  //! so no mask or leader computed before the call is passed into it).
+  BAM_DEVICE T access_slow(std::uint64_t i, const T* value, std::uint32_t* slot_of_page = nullptr) const;
   friend class array_reader<T>;
   friend class array_page<T>;
   //! `copy_to` past its fast path: `pinned` is this lane's pin of page
@@ -196,25 +198,37 @@ BAM_DEVICE T array_ref<T>::access(std::uint64_t i, const T* value) const {
   const unsigned leader = __ffs(peers) - 1;
   pin_result p{0, pin_state::miss};
   if (lane == leader && in_range) p = cache.pin(key, value != nullptr);
-  // A read whose pages are all in the cache is served here, with no call:
-  // one load, then the leader lets the page go once every peer's value arrived.
+  // An access whose pages are all in the cache is served here, with no
+  // call: the leader lets its page go once every peer's value arrived (a
+  // read) or every peer's store was made (a write).
   const unsigned state = __shfl_sync(mask, static_cast<unsigned>(p.state), leader);
-  if (value == nullptr && __all_sync(mask, in_range && state == static_cast<unsigned>(pin_state::hit))) {
-    const T v = load_page(element(__shfl_sync(mask, p.slot, leader), i));
+  if (__all_sync(mask, in_range && state == static_cast<unsigned>(pin_state::hit))) {
+    T* e = element(__shfl_sync(mask, p.slot, leader), i);
+    if (value != nullptr) {
+      store_uncached(e, *value);
+      __syncwarp(mask);
+      if (lane == leader) cache.release(p.slot);
+      return T{};
+    }
+    const T v = load_page(e);
     const unsigned token = __reduce_or_sync(mask, dependency_token(first_word(v), cache.zero));
     if (lane == leader) cache.release_read(p.slot, token);
     return v;
   }
-  return access_slow(i, value, mask, peers, leader, p);
+  if (p.state == pin_state::hit || p.state == pin_state::loading) cache.release_read(p.slot, 0);
+  return access_slow(i, value);
 }
 
 template <class T>
-BAM_DEVICE BAM_NOINLINE T array_ref<T>::access_slow(std::uint64_t i, const T* value, unsigned mask, unsigned peers,
-                                                    unsigned leader, pin_result p, std::uint32_t* slot_of_page) const {
+BAM_DEVICE BAM_NOINLINE T array_ref<T>::access_slow(std::uint64_t i, const T* value,
+                                                    std::uint32_t* slot_of_page) const {
   using namespace detail;
-  (void)peers;
+  const unsigned mask = __activemask();
   const unsigned lane = lane_id();
   const bool in_range = i < n;
+  const unsigned leader = __ffs(same_value_lanes(mask, in_range ? key_of(i) : ~0ull)) - 1;
+  pin_result p{0, pin_state::miss};
+  if (lane == leader && in_range) p = cache.pin(key_of(i), value != nullptr);
   page_request r;
   if (lane == leader && in_range) {
     r.key = key_of(i);
@@ -436,8 +450,9 @@ public:
       slot_ = slot;
       return v;
     }
+    if (p.state == pin_state::hit || p.state == pin_state::loading) a_.cache.release_read(p.slot, 0);
     std::uint32_t slot = ~0u;
-    const T v = a_.access_slow(i, nullptr, mask, peers, leader, p, &slot);
+    const T v = a_.access_slow(i, nullptr, &slot);
     key_ = slot == ~0u ? ~0ull : key;
     slot_ = slot;
     return v;
@@ -495,8 +510,9 @@ public:
     if (!__all_sync(mask_, in_range && state == static_cast<unsigned>(pin_state::hit))) {
       // Bring every page in (pins let go), then pin them all at the slots
       // they arrived in, without waiting: all or none.
+      if (p.state == pin_state::hit || p.state == pin_state::loading) a_.cache.release_read(p.slot, 0);
       std::uint32_t slot = ~0u;
-      (void)a_.access_slow(i, nullptr, mask_, peers, leader, p, &slot);
+      (void)a_.access_slow(i, nullptr, &slot);
       p = pin_result{0, pin_state::miss};
       if (lane == leader && in_range && slot != ~0u) p = a_.cache.pin_slot(slot, key);
       state = __shfl_sync(mask_, static_cast<unsigned>(p.state), leader);
