@@ -252,7 +252,7 @@ run_result run_device(const options& o, const std::string& dev) {
           else if (o.mode == "reader")
             bench::array_kernel<bench::array_mode::reader><<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
           else if (o.mode == "page")
-            bench::array_kernel<bench::array_mode::page><<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
+            bench::array_page_kernel<<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
           else
             bench::array_kernel<bench::array_mode::range><<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
         },

@@ -189,33 +189,10 @@ private:
 
 template <class T>
 BAM_DEVICE T array_ref<T>::access(std::uint64_t i, const T* value) const {
-  using namespace detail;
-  const unsigned mask = __activemask();
-  const unsigned lane = lane_id();
-  const bool in_range = i < n;
-  const std::uint64_t key = in_range ? key_of(i) : ~0ull; // one group for bad indices
-  const unsigned peers = same_value_lanes(mask, key);
-  const unsigned leader = __ffs(peers) - 1;
-  pin_result p{0, pin_state::miss};
-  if (lane == leader && in_range) p = cache.pin(key, value != nullptr);
-  // An access whose pages are all in the cache is served here, with no
-  // call: the leader lets its page go once every peer's value arrived (a
-  // read) or every peer's store was made (a write).
-  const unsigned state = __shfl_sync(mask, static_cast<unsigned>(p.state), leader);
-  if (__all_sync(mask, in_range && state == static_cast<unsigned>(pin_state::hit))) {
-    T* e = element(__shfl_sync(mask, p.slot, leader), i);
-    if (value != nullptr) {
-      store_uncached(e, *value);
-      __syncwarp(mask);
-      if (lane == leader) cache.release(p.slot);
-      return T{};
-    }
-    const T v = load_page(e);
-    const unsigned token = __reduce_or_sync(mask, dependency_token(first_word(v), cache.zero));
-    if (lane == leader) cache.release_read(p.slot, token);
-    return v;
-  }
-  if (p.state == pin_state::hit || p.state == pin_state::loading) cache.release_read(p.slot, 0);
+  // One call for hits and misses alike. An inline hit path here (as the
+  // reader has) made the block benchmark's element mode 15x slower, and a
+  // kernel reading three arrays in the branches of a switch read garbage
+  // queue addresses with it (cause not isolated).
   return access_slow(i, value);
 }
 
