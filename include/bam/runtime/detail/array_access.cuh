@@ -129,9 +129,9 @@ public:
   BAM_HD std::uint64_t size() const { return n; }
 
   //! Element `i` (a value: the array is written with `write`).
-  BAM_DEVICE const T operator[](std::uint64_t i) const { return access(i, nullptr); }
-  BAM_DEVICE T read(std::uint64_t i) const { return access(i, nullptr); }
-  BAM_DEVICE void write(std::uint64_t i, const T& v) const { access(i, &v); }
+  BAM_DEVICE const T operator[](std::uint64_t i) const { return access<false>(i, nullptr); }
+  BAM_DEVICE T read(std::uint64_t i) const { return access<false>(i, nullptr); }
+  BAM_DEVICE void write(std::uint64_t i, const T& v) const { access<true>(i, &v); }
 
   //! Copy elements [begin, begin + count) into `out[0..count)`. Every lane of
   //! the warp calls it with the same arguments (the full warp, converged).
@@ -173,12 +173,16 @@ public:
   }
 
 private:
+  template <bool Write>
   BAM_DEVICE T access(std::uint64_t i, const T* value) const;
   //! The miss and wait path of an access; `*slot_of_page` (if given) is set
   //! to the slot the page was read from (a hint: the page is let go). The
   //! caller holds no pin: the lanes that reach the call together group
   //! themselves anew (the compiler may merge calls from several branches,
   //! so no mask or leader computed before the call is passed into it).
+  //! Reads and writes are separate functions: a call merged from a read
+  //! and a write branch would mix readers and writers in one group.
+  template <bool Write>
   BAM_DEVICE T access_slow(std::uint64_t i, const T* value, std::uint32_t* slot_of_page = nullptr) const;
   friend class array_reader<T>;
   friend class array_page<T>;
@@ -188,15 +192,17 @@ private:
 };
 
 template <class T>
+template <bool Write>
 BAM_DEVICE T array_ref<T>::access(std::uint64_t i, const T* value) const {
   // One call for hits and misses alike. An inline hit path here (as the
   // reader has) made the block benchmark's element mode 15x slower, and a
   // kernel reading three arrays in the branches of a switch read garbage
   // queue addresses with it (cause not isolated).
-  return access_slow(i, value);
+  return access_slow<Write>(i, value);
 }
 
 template <class T>
+template <bool Write>
 BAM_DEVICE BAM_NOINLINE T array_ref<T>::access_slow(std::uint64_t i, const T* value,
                                                     std::uint32_t* slot_of_page) const {
   using namespace detail;
@@ -205,11 +211,11 @@ BAM_DEVICE BAM_NOINLINE T array_ref<T>::access_slow(std::uint64_t i, const T* va
   const bool in_range = i < n;
   const unsigned leader = __ffs(same_value_lanes(mask, in_range ? key_of(i) : ~0ull)) - 1;
   pin_result p{0, pin_state::miss};
-  if (lane == leader && in_range) p = cache.pin(key_of(i), value != nullptr);
+  if (lane == leader && in_range) p = cache.pin(key_of(i), Write);
   page_request r;
   if (lane == leader && in_range) {
     r.key = key_of(i);
-    r.for_write = value != nullptr;
+    r.for_write = Write;
     r.slot = p.slot;
     r.phase = phase_after(p.state);
   }
@@ -227,7 +233,7 @@ BAM_DEVICE BAM_NOINLINE T array_ref<T>::access_slow(std::uint64_t i, const T* va
       if (!in_range) fail(nvme::status_out_of_range, i);
       else if (!hit) {
         if (lane == leader) fail(nvme::status(st), i);
-      } else if (value != nullptr) store_uncached(element(slot, i), *value);
+      } else if constexpr (Write) store_uncached(element(slot, i), *value);
       else {
         result = load_uncached(element(slot, i));
         token = dependency_token(first_word(result), cache.zero);
@@ -237,11 +243,11 @@ BAM_DEVICE BAM_NOINLINE T array_ref<T>::access_slow(std::uint64_t i, const T* va
     todo &= ~__ballot_sync(mask, now);
     // The leader lets the page go once every peer is done with it: after the
     // peers' reads arrived (their tokens), or after their writes (release).
-    if (value != nullptr) __syncwarp(mask);
+    if constexpr (Write) __syncwarp(mask);
     token = __reduce_or_sync(mask, token);
     if (now && lane == leader && in_range) {
       if (hit) {
-        if (value != nullptr) cache.release(r.slot);
+        if constexpr (Write) cache.release(r.slot);
         else cache.release_read(r.slot, token);
       }
       r.phase = page_phase::idle;
@@ -398,11 +404,12 @@ BAM_DEVICE BAM_NOINLINE bool array_ref<T>::copy_slow(std::uint64_t begin, std::u
 //! diverge, leave a loop early or stop using it at any point (a pin kept
 //! across accesses would stay with lanes parked at a divergent loop's exit
 //! while the rest of their warp waits for a slot). Warp-collective like
-//! `array_ref::operator[]`.
+//! `array_ref::operator[]`. It refers to the `array_ref` it was made from,
+//! which must outlive it.
 template <class T>
 class array_reader {
 public:
-  BAM_DEVICE explicit array_reader(const array_ref<T>& a) : a_(a) {}
+  BAM_DEVICE explicit array_reader(const array_ref<T>& a) : a_(&a) {}
   array_reader(const array_reader&) = delete;
   array_reader& operator=(const array_reader&) = delete;
 
@@ -410,26 +417,26 @@ public:
     using namespace detail;
     const unsigned mask = __activemask();
     const unsigned lane = lane_id();
-    const bool in_range = i < a_.n;
-    const std::uint64_t key = in_range ? a_.key_of(i) : ~0ull;
+    const bool in_range = i < a_->n;
+    const std::uint64_t key = in_range ? a_->key_of(i) : ~0ull;
     const unsigned peers = same_value_lanes(mask, key);
     const unsigned leader = __ffs(peers) - 1;
     // The group's leader pins the page: at the slot it remembers for it, else by lookup.
     pin_result p{0, pin_state::miss};
-    if (lane == leader && in_range) p = key == key_ ? a_.cache.pin_slot(slot_, key) : a_.cache.pin(key, false);
+    if (lane == leader && in_range) p = key == key_ ? a_->cache.pin_slot(slot_, key) : a_->cache.pin(key, false);
     const unsigned state = __shfl_sync(mask, static_cast<unsigned>(p.state), leader);
     if (__all_sync(mask, in_range && state == static_cast<unsigned>(pin_state::hit))) {
       const std::uint32_t slot = __shfl_sync(mask, p.slot, leader);
-      const T v = load_page(a_.element(slot, i));
-      const unsigned token = __reduce_or_sync(mask, dependency_token(first_word(v), a_.cache.zero));
-      if (lane == leader) a_.cache.release_read(p.slot, token);
+      const T v = load_page(a_->element(slot, i));
+      const unsigned token = __reduce_or_sync(mask, dependency_token(first_word(v), a_->cache.zero));
+      if (lane == leader) a_->cache.release_read(p.slot, token);
       key_ = key;
       slot_ = slot;
       return v;
     }
-    if (p.state == pin_state::hit || p.state == pin_state::loading) a_.cache.release_read(p.slot, 0);
+    if (p.state == pin_state::hit || p.state == pin_state::loading) a_->cache.release_read(p.slot, 0);
     std::uint32_t slot = ~0u;
-    const T v = a_.access_slow(i, nullptr, &slot);
+    const T v = a_->template access_slow<false>(i, nullptr, &slot);
     key_ = slot == ~0u ? ~0ull : key;
     slot_ = slot;
     return v;
@@ -438,7 +445,7 @@ public:
   BAM_DEVICE void release() { key_ = ~0ull; }
 
 private:
-  array_ref<T> a_;
+  const array_ref<T>* a_; //!< the handle it was made from (not a copy: kernels make readers often)
   std::uint64_t key_ = ~0ull; //!< this lane's last page ...
   std::uint32_t slot_ = 0;    //!< ... and the slot it was read from
 };
@@ -463,7 +470,8 @@ private:
 //! `operator[](j)` for a `j` outside the lane's page is served as `a[j]`,
 //! which may wait for the cache while this page stays pinned: keep a
 //! handle to the elements of its own page, and do not make a second one in
-//! a warp that holds one.
+//! a warp that holds one. It refers to the `array_ref` it was made from,
+//! which must outlive it.
 //!
 //! @code
 //!   auto pg = a.page(first);                      // the whole warp, one page
@@ -472,34 +480,34 @@ private:
 template <class T>
 class array_page {
 public:
-  BAM_DEVICE array_page(const array_ref<T>& a, std::uint64_t i) : a_(a) {
+  BAM_DEVICE array_page(const array_ref<T>& a, std::uint64_t i) : a_(&a) {
     using namespace detail;
     mask_ = __activemask();
     const unsigned lane = lane_id();
-    const bool in_range = i < a_.n;
-    const std::uint64_t key = in_range ? a_.key_of(i) : ~0ull;
-    const unsigned peers = same_value_lanes(mask_, key);
-    const unsigned leader = __ffs(peers) - 1;
-    page_ = in_range ? i >> a_.elem_shift : ~0ull;
+    const bool in_range = i < a.n;
+    const std::uint64_t key = in_range ? a.key_of(i) : ~0ull;
+    const unsigned leader = __ffs(same_value_lanes(mask_, key)) - 1;
     pin_result p{0, pin_state::miss};
-    if (lane == leader && in_range) p = a_.cache.pin(key, false);
+    if (lane == leader && in_range) p = a.cache.pin(key, false);
     unsigned state = __shfl_sync(mask_, static_cast<unsigned>(p.state), leader);
     if (!__all_sync(mask_, in_range && state == static_cast<unsigned>(pin_state::hit))) {
       // Bring every page in (pins let go), then pin them all at the slots
       // they arrived in, without waiting: all or none.
-      if (p.state == pin_state::hit || p.state == pin_state::loading) a_.cache.release_read(p.slot, 0);
+      if (p.state == pin_state::hit || p.state == pin_state::loading) a.cache.release_read(p.slot, 0);
       std::uint32_t slot = ~0u;
-      (void)a_.access_slow(i, nullptr, &slot);
+      (void)a.template access_slow<false>(i, nullptr, &slot);
       p = pin_result{0, pin_state::miss};
-      if (lane == leader && in_range && slot != ~0u) p = a_.cache.pin_slot(slot, key);
+      if (lane == leader && in_range && slot != ~0u) p = a.cache.pin_slot(slot, key);
       state = __shfl_sync(mask_, static_cast<unsigned>(p.state), leader);
       if (!__all_sync(mask_, in_range && state == static_cast<unsigned>(pin_state::hit))) {
-        if (lane == leader && p.state == pin_state::hit) a_.cache.release_read(p.slot, 0);
-        page_ = ~0ull;
+        if (lane == leader && p.state == pin_state::hit) a.cache.release_read(p.slot, 0);
         return;
       }
     }
-    slot_ = __shfl_sync(mask_, p.slot, leader);
+    const std::uint64_t per_page = 1ull << a.elem_shift;
+    first_ = i & ~(per_page - 1);
+    count_ = a.n - first_ < per_page ? a.n - first_ : per_page;
+    data_ = a.element(__shfl_sync(mask_, p.slot, leader), first_);
     pin_ = p.slot;
     holds_pin_ = lane == leader;
   }
@@ -509,30 +517,31 @@ public:
   //! Let the pins go (the lanes that made it, each reaching its end of scope).
   BAM_DEVICE ~array_page() {
     // Every lane's reads of its page arrived before the pin is dropped.
-    const unsigned token = detail::dependency_token(__reduce_or_sync(mask_, read_), a_.cache.zero);
-    if (holds_pin_) a_.cache.release_read(pin_, token);
+    const unsigned token = detail::dependency_token(__reduce_or_sync(mask_, read_), a_->cache.zero);
+    if (holds_pin_) a_->cache.release_read(pin_, token);
   }
 
   //! Element `j`: a plain load if it is on this lane's pinned page, else `a[j]`.
   BAM_DEVICE const T operator[](std::uint64_t j) {
-    if ((j >> a_.elem_shift) == page_ && j < a_.n) {
-      const T v = detail::load_page(a_.element(slot_, j));
+    if (j - first_ < count_) {
+      const T v = detail::load_page(data_ + (j - first_));
       read_ |= detail::first_word(v);
       return v;
     }
-    return a_[j];
+    return (*a_)[j];
   }
   //! Whether this lane's page is pinned (else every read goes through `a[j]`).
-  BAM_DEVICE bool pinned() const { return page_ != ~0ull; }
+  BAM_DEVICE bool pinned() const { return count_ != 0; }
 
 private:
-  array_ref<T> a_;
-  std::uint64_t page_ = ~0ull; //!< this lane's page (element index >> elem_shift); ~0: none held
-  std::uint32_t slot_ = 0;     //!< its cache slot
-  std::uint32_t pin_ = 0;      //!< the pinned slot as the pin returned it (carries its dependency)
-  unsigned mask_ = 0;          //!< the lanes that made it
-  unsigned read_ = 0;          //!< the first words of the values read (their arrival orders the unpin)
-  bool holds_pin_ = false;     //!< this lane let go of the pin at the end
+  const array_ref<T>* a_;     //!< the handle it was made from (must outlive it)
+  const T* data_ = nullptr;   //!< element `first_` in the cache
+  std::uint64_t first_ = 0;   //!< the pinned page's first element ...
+  std::uint64_t count_ = 0;   //!< ... and how many it holds (0: none pinned)
+  std::uint32_t pin_ = 0;     //!< the pinned slot as the pin returned it (carries its dependency)
+  unsigned mask_ = 0;         //!< the lanes that made it
+  unsigned read_ = 0;         //!< the first words of the values read (their arrival orders the unpin)
+  bool holds_pin_ = false;    //!< this lane lets go of the pin at the end
 };
 
 } // namespace bam
