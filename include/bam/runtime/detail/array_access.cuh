@@ -129,9 +129,9 @@ public:
   BAM_HD std::uint64_t size() const { return n; }
 
   //! Element `i` (a value: the array is written with `write`).
-  BAM_DEVICE const T operator[](std::uint64_t i) const { return access<false>(i, nullptr); }
-  BAM_DEVICE T read(std::uint64_t i) const { return access<false>(i, nullptr); }
-  BAM_DEVICE void write(std::uint64_t i, const T& v) const { access<true>(i, &v); }
+  BAM_DEVICE const T operator[](std::uint64_t i) const { return access(i, nullptr); }
+  BAM_DEVICE T read(std::uint64_t i) const { return access(i, nullptr); }
+  BAM_DEVICE void write(std::uint64_t i, const T& v) const { access(i, &v); }
 
   //! Copy elements [begin, begin + count) into `out[0..count)`. Every lane of
   //! the warp calls it with the same arguments (the full warp, converged).
@@ -173,17 +173,11 @@ public:
   }
 
 private:
-  template <bool Write>
   BAM_DEVICE T access(std::uint64_t i, const T* value) const;
   //! The miss and wait path of an access; `*slot_of_page` (if given) is set
-  //! to the slot the page was read from (a hint: the page is let go). The
-  //! caller holds no pin: the lanes that reach the call together group
-  //! themselves anew (the compiler may merge calls from several branches,
-  //! so no mask or leader computed before the call is passed into it).
-  //! Reads and writes are separate functions: a call merged from a read
-  //! and a write branch would mix readers and writers in one group.
-  template <bool Write>
-  BAM_DEVICE T access_slow(std::uint64_t i, const T* value, std::uint32_t* slot_of_page = nullptr) const;
+  //! to the slot the page was read from (a hint: the page is let go).
+  BAM_DEVICE T access_slow(std::uint64_t i, const T* value, unsigned mask, unsigned peers, unsigned leader,
+                           pin_result p, std::uint32_t* slot_of_page = nullptr) const;
   friend class array_reader<T>;
   friend class array_page<T>;
   //! `copy_to` past its fast path: `pinned` is this lane's pin of page
@@ -192,30 +186,30 @@ private:
 };
 
 template <class T>
-template <bool Write>
 BAM_DEVICE T array_ref<T>::access(std::uint64_t i, const T* value) const {
-  // One call for hits and misses alike. An inline hit path here (as the
-  // reader has) made the block benchmark's element mode 15x slower, and a
-  // kernel reading three arrays in the branches of a switch read garbage
-  // queue addresses with it (cause not isolated).
-  return access_slow<Write>(i, value);
-}
-
-template <class T>
-template <bool Write>
-BAM_DEVICE BAM_NOINLINE T array_ref<T>::access_slow(std::uint64_t i, const T* value,
-                                                    std::uint32_t* slot_of_page) const {
   using namespace detail;
   const unsigned mask = __activemask();
   const unsigned lane = lane_id();
   const bool in_range = i < n;
-  const unsigned leader = __ffs(same_value_lanes(mask, in_range ? key_of(i) : ~0ull)) - 1;
+  const std::uint64_t key = in_range ? key_of(i) : ~0ull; // one group for bad indices
+  const unsigned peers = same_value_lanes(mask, key);
+  const unsigned leader = __ffs(peers) - 1;
   pin_result p{0, pin_state::miss};
-  if (lane == leader && in_range) p = cache.pin(key_of(i), Write);
+  if (lane == leader && in_range) p = cache.pin(key, value != nullptr);
+  return access_slow(i, value, mask, peers, leader, p);
+}
+
+template <class T>
+BAM_DEVICE BAM_NOINLINE T array_ref<T>::access_slow(std::uint64_t i, const T* value, unsigned mask, unsigned peers,
+                                                    unsigned leader, pin_result p, std::uint32_t* slot_of_page) const {
+  using namespace detail;
+  (void)peers;
+  const unsigned lane = lane_id();
+  const bool in_range = i < n;
   page_request r;
   if (lane == leader && in_range) {
     r.key = key_of(i);
-    r.for_write = Write;
+    r.for_write = value != nullptr;
     r.slot = p.slot;
     r.phase = phase_after(p.state);
   }
@@ -233,7 +227,7 @@ BAM_DEVICE BAM_NOINLINE T array_ref<T>::access_slow(std::uint64_t i, const T* va
       if (!in_range) fail(nvme::status_out_of_range, i);
       else if (!hit) {
         if (lane == leader) fail(nvme::status(st), i);
-      } else if constexpr (Write) store_uncached(element(slot, i), *value);
+      } else if (value != nullptr) store_uncached(element(slot, i), *value);
       else {
         result = load_uncached(element(slot, i));
         token = dependency_token(first_word(result), cache.zero);
@@ -243,11 +237,11 @@ BAM_DEVICE BAM_NOINLINE T array_ref<T>::access_slow(std::uint64_t i, const T* va
     todo &= ~__ballot_sync(mask, now);
     // The leader lets the page go once every peer is done with it: after the
     // peers' reads arrived (their tokens), or after their writes (release).
-    if constexpr (Write) __syncwarp(mask);
+    if (value != nullptr) __syncwarp(mask);
     token = __reduce_or_sync(mask, token);
     if (now && lane == leader && in_range) {
       if (hit) {
-        if constexpr (Write) cache.release(r.slot);
+        if (value != nullptr) cache.release(r.slot);
         else cache.release_read(r.slot, token);
       }
       r.phase = page_phase::idle;
@@ -434,9 +428,8 @@ public:
       slot_ = slot;
       return v;
     }
-    if (p.state == pin_state::hit || p.state == pin_state::loading) a_->cache.release_read(p.slot, 0);
     std::uint32_t slot = ~0u;
-    const T v = a_->template access_slow<false>(i, nullptr, &slot);
+    const T v = a_->access_slow(i, nullptr, mask, peers, leader, p, &slot);
     key_ = slot == ~0u ? ~0ull : key;
     slot_ = slot;
     return v;
@@ -486,16 +479,16 @@ public:
     const unsigned lane = lane_id();
     const bool in_range = i < a.n;
     const std::uint64_t key = in_range ? a.key_of(i) : ~0ull;
-    const unsigned leader = __ffs(same_value_lanes(mask_, key)) - 1;
+    const unsigned peers = same_value_lanes(mask_, key);
+    const unsigned leader = __ffs(peers) - 1;
     pin_result p{0, pin_state::miss};
     if (lane == leader && in_range) p = a.cache.pin(key, false);
     unsigned state = __shfl_sync(mask_, static_cast<unsigned>(p.state), leader);
     if (!__all_sync(mask_, in_range && state == static_cast<unsigned>(pin_state::hit))) {
       // Bring every page in (pins let go), then pin them all at the slots
       // they arrived in, without waiting: all or none.
-      if (p.state == pin_state::hit || p.state == pin_state::loading) a.cache.release_read(p.slot, 0);
       std::uint32_t slot = ~0u;
-      (void)a.template access_slow<false>(i, nullptr, &slot);
+      (void)a.access_slow(i, nullptr, mask_, peers, leader, p, &slot);
       p = pin_result{0, pin_state::miss};
       if (lane == leader && in_range && slot != ~0u) p = a.cache.pin_slot(slot, key);
       state = __shfl_sync(mask_, static_cast<unsigned>(p.state), leader);
