@@ -12,6 +12,8 @@
 //!    each lane's last page, so a warp walking through a page pays for the
 //!    cache lookup once per page, not once per element (it holds no page
 //!    between accesses: lanes may diverge or leave a loop at any point).
+//!  - `auto pg = a.page(i); ... pg[j]`: pins each lane's page until `pg`
+//!    goes out of scope; reads of that page are plain loads (see `array_page`).
 //!  - Pages are striped over the storage's controllers; many arrays share one cache.
 //!  - `array<T>::open(cache, "/data/features.bin")`: an array over a file,
 //!    read through its blocks on the raw disk where that disk can be opened

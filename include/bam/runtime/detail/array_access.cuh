@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
-//! `bam::array_ref<T>` and `bam::array_reader<T>`: element access, range
-//! copies and readers that remember their pages' slots, over the page cache
-//! (device side).
+//! `bam::array_ref<T>`, `bam::array_reader<T>` and `bam::array_page<T>`:
+//! element access, range copies, readers that remember their pages' slots
+//! and page handles that keep a page pinned, over the page cache (device side).
 //!
 //! Every access is warp-collective over the lanes that make it (the active
 //! mask): lanes on the same page form a group whose leader holds the cache
