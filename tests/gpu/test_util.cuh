@@ -7,7 +7,10 @@
 
 #include <bam/bam.cuh>
 
+#include <catch2/catch_test_macros.hpp>
+
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace bam_test {
@@ -110,5 +113,24 @@ struct device_counters {
     BAM_CUDA_TRY(cudaGetLastError()); \
     BAM_CUDA_TRY(cudaDeviceSynchronize()); \
   } while (0)
+
+//! `a.check()` must throw for a bad index in [lo, hi) with the status out
+//! of range (and then be clear again: the record was collected).
+template <class Array>
+void require_bad_index(Array& a, std::uint64_t lo, std::uint64_t hi) {
+  try {
+    a.check();
+    FAIL("check() did not throw");
+  } catch (const bam::error& e) {
+    INFO(e.what());
+    REQUIRE(e.context().index.has_value());
+    CHECK(*e.context().index >= lo);
+    CHECK(*e.context().index < hi);
+    CHECK(std::string(e.what()).find("index " + std::to_string(*e.context().index)) != std::string::npos);
+    REQUIRE(e.status().has_value());
+    CHECK(*e.status() == bam::nvme::status_out_of_range);
+  }
+  REQUIRE_NOTHROW(a.check());
+}
 
 } // namespace bam_test
