@@ -182,16 +182,27 @@ __device__ __forceinline__ void array_body(bam::array_ref<std::uint32_t> a, std:
   if (acc == 0x9e3779b9u && bad == ~0ull) st->errors = acc;
 }
 
+// Register caps (`-DBENCH_ARRAY_MAXNREG=N`, `-DBENCH_PAGE_MAXNREG=N`) to
+// measure what occupancy buys each mode.
+#ifdef BENCH_ARRAY_MAXNREG
+#define BENCH_ARRAY_REGS __maxnreg__(BENCH_ARRAY_MAXNREG)
+#else
+#define BENCH_ARRAY_REGS
+#endif
+#ifndef BENCH_PAGE_MAXNREG
+#define BENCH_PAGE_MAXNREG 128
+#endif
+
 template <array_mode Mode>
-__global__ void array_kernel(bam::array_ref<std::uint32_t> a, std::uint32_t nctrl, workload w, std::uint32_t* scratch,
-                             stats* st) {
+__global__ void BENCH_ARRAY_REGS array_kernel(bam::array_ref<std::uint32_t> a, std::uint32_t nctrl, workload w,
+                                              std::uint32_t* scratch, stats* st) {
   array_body<Mode>(a, nctrl, w, scratch, st);
 }
 //! Page handles: the reads of a pinned page wait on memory only, so more
 //! warps per SM hide more of it. Capped at 128 registers (the cache's miss
 //! machinery would take 255): in one H100 run, 91.5 M pages/s against 60.7 M
 //! uncapped (the other modes gained nothing, or lost).
-__global__ void __maxnreg__(128) array_page_kernel(bam::array_ref<std::uint32_t> a, std::uint32_t nctrl, workload w,
+__global__ void __maxnreg__(BENCH_PAGE_MAXNREG) array_page_kernel(bam::array_ref<std::uint32_t> a, std::uint32_t nctrl, workload w,
                                                    std::uint32_t* scratch, stats* st) {
   array_body<array_mode::page>(a, nctrl, w, scratch, st);
 }
