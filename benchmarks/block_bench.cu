@@ -250,7 +250,7 @@ run_result run_device(const options& o, const std::string& dev) {
           if (o.mode == "element")
             bench::array_kernel<bench::array_mode::element><<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
           else if (o.mode == "reader")
-            bench::array_kernel<bench::array_mode::reader><<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
+            bench::array_reader_kernel<<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
           else if (o.mode == "page")
             bench::array_page_kernel<<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
           else

@@ -182,8 +182,9 @@ __device__ __forceinline__ void array_body(bam::array_ref<std::uint32_t> a, std:
   if (acc == 0x9e3779b9u && bad == ~0ull) st->errors = acc;
 }
 
-// Register caps (`-DBENCH_ARRAY_MAXNREG=N`, `-DBENCH_PAGE_MAXNREG=N`) to
-// measure what occupancy buys each mode.
+// Register caps per kernel, to measure what occupancy buys each mode:
+// `-DBENCH_ARRAY_MAXNREG=N` (a[i], copy_to; none by default),
+// `-DBENCH_READER_MAXNREG=N` (64), `-DBENCH_PAGE_MAXNREG=N` (128).
 #ifdef BENCH_ARRAY_MAXNREG
 #define BENCH_ARRAY_REGS __maxnreg__(BENCH_ARRAY_MAXNREG)
 #else
@@ -191,6 +192,9 @@ __device__ __forceinline__ void array_body(bam::array_ref<std::uint32_t> a, std:
 #endif
 #ifndef BENCH_PAGE_MAXNREG
 #define BENCH_PAGE_MAXNREG 128
+#endif
+#ifndef BENCH_READER_MAXNREG
+#define BENCH_READER_MAXNREG 64
 #endif
 
 template <array_mode Mode>
@@ -201,10 +205,18 @@ __global__ void BENCH_ARRAY_REGS array_kernel(bam::array_ref<std::uint32_t> a, s
 //! Page handles: the reads of a pinned page wait on memory only, so more
 //! warps per SM hide more of it. Capped at 128 registers (the cache's miss
 //! machinery would take 255): in one H100 run, 91.5 M pages/s against 60.7 M
-//! uncapped (the other modes gained nothing, or lost).
+//! uncapped (`a[i]` and `copy_to` lost with any cap).
 __global__ void __maxnreg__(BENCH_PAGE_MAXNREG) array_page_kernel(bam::array_ref<std::uint32_t> a, std::uint32_t nctrl, workload w,
                                                    std::uint32_t* scratch, stats* st) {
   array_body<array_mode::page>(a, nctrl, w, scratch, st);
+}
+
+//! Readers: capped at 64 registers (in one H100 run, 54.7 M pages/s against
+//! 27.4 M uncapped; `a[i]` and `copy_to` only lost with any cap, page
+//! handles did best at 128: results/page-handle-h100/register-caps).
+__global__ void __maxnreg__(BENCH_READER_MAXNREG) array_reader_kernel(bam::array_ref<std::uint32_t> a, std::uint32_t nctrl,
+                                                                      workload w, std::uint32_t* scratch, stats* st) {
+  array_body<array_mode::reader>(a, nctrl, w, scratch, st);
 }
 
 // ---- ceilings -----------------------------------------------------------------
