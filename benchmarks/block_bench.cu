@@ -275,6 +275,7 @@ run_result run_device(const options& o, const std::string& dev) {
                      {"p999", percentile_us(r.second.hist, 0.999)}};
   j["bad_words"] = r.second.bad;
   j["errors"] = r.second.errors;
+  if (o.mode == "page") j["page_handles_unpinned"] = r.second.unpinned; // page visits served through a[i]
   if (r.second.bad != 0 || r.second.errors != 0)
     std::fprintf(stderr, "block_bench: %s: %llu wrong words, %llu failed operations\n", dev.c_str(), r.second.bad,
                  r.second.errors);

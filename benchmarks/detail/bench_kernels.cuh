@@ -40,6 +40,7 @@ struct stats {
   unsigned long long bad;        //!< words that differed from the pattern
   unsigned long long errors;     //!< failed commands / accesses
   unsigned long long hist[latency_buckets];
+  unsigned long long unpinned;   //!< page mode: handles that held no page (their reads went through a[i])
 };
 
 struct workload {
@@ -150,6 +151,7 @@ __device__ __forceinline__ void array_body(bam::array_ref<std::uint32_t> a, std:
       }
     } else if constexpr (Mode == array_mode::page) {
       auto pg = a.page(base + lane);
+      if (lane == 0 && !pg.pinned()) atomicAdd(&st->unpinned, 1ull);
 #pragma unroll 4
       for (std::uint32_t k = lane; k < per_page; k += 32) {
         const std::uint32_t v = pg[base + k];

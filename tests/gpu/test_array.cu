@@ -447,6 +447,61 @@ TEST_CASE("a page handle over a bad index holds nothing and reports the index", 
   }
 }
 
+namespace {
+
+// A handle on page 0 (every lane), read on its page and off it (page 1,
+// served as a[j]).
+__global__ void page_off_kernel(bam::array_ref<std::uint32_t> a, std::uint32_t per_page, std::uint32_t* out,
+                                unsigned* pinned) {
+  const unsigned lane = threadIdx.x % 32;
+  auto pg = a.page(lane);
+  pinned[lane] = pg.pinned();
+  out[lane] = pg[lane];
+  out[32 + lane] = pg[per_page + lane];
+}
+
+// A handle on the array's last, partial page, read past the array's end.
+__global__ void page_past_end_kernel(bam::array_ref<std::uint32_t> a, std::uint32_t* out, unsigned* pinned) {
+  const unsigned lane = threadIdx.x % 32;
+  auto pg = a.page(a.size() - 1 - lane);
+  pinned[lane] = pg.pinned();
+  out[lane] = pg[a.size() + lane];
+}
+
+} // namespace
+
+TEST_CASE("a page handle reads off its page as a[j], and past the array's end as a bad index", "[gpu][array]") {
+  bam::storage s("emu-gpu:hbm=16M,queues=4,depth=64");
+  bam_test::fill_pattern(s);
+  bam::page_cache cache({.page_size = 4096, .capacity = 64 << 10});
+  const std::uint64_t n = 2 * 1024 + 100; // three pages, the last one partial
+  bam::array<std::uint32_t> a(cache, s, n);
+  const layout l{0, 4096, 512, 1};
+  bam::device_buffer<std::uint32_t> out(64);
+  bam::device_buffer<unsigned> pinned(32);
+  std::vector<std::uint32_t> got(64);
+  std::vector<unsigned> held(32);
+  page_off_kernel<<<1, 32>>>(a.ref(), 1024, out.get(), pinned.get());
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(a.check());
+  bam::copy_to_host(got.data(), out.get(), got.size());
+  bam::copy_to_host(held.data(), pinned.get(), held.size());
+  for (unsigned lane = 0; lane < 32; ++lane) {
+    CHECK(held[lane] == 1);
+    CHECK(got[lane] == l.expected(lane));
+    CHECK(got[32 + lane] == l.expected(1024 + lane));
+  }
+  page_past_end_kernel<<<1, 32>>>(a.ref(), out.get(), pinned.get());
+  BAM_TEST_SYNC();
+  bam_test::require_bad_index(a, n, n + 32);
+  bam::copy_to_host(got.data(), out.get(), 32);
+  bam::copy_to_host(held.data(), pinned.get(), held.size());
+  for (unsigned lane = 0; lane < 32; ++lane) {
+    CHECK(held[lane] == 1); // the page itself is in range
+    CHECK(got[lane] == 0u);
+  }
+}
+
 TEST_CASE("a cache with one way per set", "[gpu][array]") {
   bam::storage s(dev_string("hbm", 32, 1));
   bam_test::fill_pattern(s);

@@ -96,11 +96,21 @@ BAM_DEVICE T load_page(const T* p) {
   return load_uncached<T, false>(p);
 }
 
-//! The first 32 bits of a value (to derive a dependency token from it).
+//! 32 bits that depend on every load of a value (to derive a dependency
+//! token from it): its first word, and for values of 32 bytes or more
+//! (several 16-byte loads) the first word of each 16 bytes.
 template <class T>
 BAM_DEVICE unsigned first_word(const T& v) {
   unsigned w = 0;
   std::memcpy(&w, &v, sizeof(T) < 4 ? sizeof(T) : 4);
+  if constexpr (sizeof(T) >= 32) {
+#pragma unroll
+    for (std::size_t k = 16; k < sizeof(T); k += 16) {
+      unsigned x;
+      std::memcpy(&x, reinterpret_cast<const unsigned char*>(&v) + k, 4);
+      w |= x;
+    }
+  }
   return w;
 }
 
@@ -461,9 +471,12 @@ private:
 //! `a[i]` (slower, and failures are recorded the same way).
 //!
 //! `operator[](j)` for a `j` outside the lane's page is served as `a[j]`,
-//! which may wait for the cache while this page stays pinned: keep a
-//! handle to the elements of its own page, and do not make a second one in
-//! a warp that holds one. It refers to the `array_ref` it was made from,
+//! which may wait for the cache while this page stays pinned (so may
+//! another access to the cache inside the handle's scope). If that page
+//! needs the pinned page's slot (a set whose every way is pinned), the wait
+//! ends at the cache's deadline with a recorded timeout: keep a handle to
+//! the elements of its own page, and do not make a second one in a warp
+//! that holds one. It refers to the `array_ref` it was made from,
 //! which must outlive it.
 //!
 //! @code
