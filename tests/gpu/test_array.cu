@@ -244,13 +244,31 @@ TEST_CASE("warp-cooperative range copies", "[gpu][array]") {
   CHECK(c.get().done == static_cast<unsigned long long>(blocks) * threads / 32 * 4);
 }
 
+namespace {
+
+//! 128 MiB over two controllers behind a 4 MiB cache: walks through it evict all the time.
+struct eviction_walk {
+  explicit eviction_walk(std::size_t page)
+      : s(filled(dev_string("hbm", 64, 2))), cache({.page_size = page, .capacity = 4ull << 20}),
+        a(cache, s, (128ull << 20) / 4), l{0, static_cast<std::uint32_t>(page), 512, 2} {}
+  static bam::storage filled(const std::string& device) {
+    bam::storage st(device);
+    bam_test::fill_pattern(st);
+    return st;
+  }
+  bam::storage s;
+  bam::page_cache cache;
+  bam::array<std::uint32_t> a;
+  layout l;
+};
+
+} // namespace
+
 TEST_CASE("readers walking through pages see the right data under eviction", "[gpu][array]") {
   const auto page = GENERATE(std::size_t{512}, std::size_t{4096}, std::size_t{16384});
-  bam::storage s(dev_string("hbm", 64, 2));
-  bam_test::fill_pattern(s);
-  bam::page_cache cache({.page_size = page, .capacity = 4ull << 20});
-  bam::array<std::uint32_t> a(cache, s, (128ull << 20) / 4);
-  const layout l{0, static_cast<std::uint32_t>(page), 512, 2};
+  eviction_walk w(page);
+  auto& a = w.a;
+  const layout& l = w.l;
   device_counters c;
   reader_kernel<<<256, 256>>>(a.ref(), l, 3000, 4, c.ptr());
   BAM_TEST_SYNC();
@@ -336,11 +354,9 @@ std::uint64_t pages_walked(std::uint64_t begin, std::uint64_t stretch, std::uint
 
 TEST_CASE("page handles walking through pages see the right data under eviction", "[gpu][array]") {
   const auto page = GENERATE(std::size_t{512}, std::size_t{4096}, std::size_t{16384});
-  bam::storage s(dev_string("hbm", 64, 2));
-  bam_test::fill_pattern(s);
-  bam::page_cache cache({.page_size = page, .capacity = 4ull << 20});
-  bam::array<std::uint32_t> a(cache, s, (128ull << 20) / 4);
-  const layout l{0, static_cast<std::uint32_t>(page), 512, 2};
+  eviction_walk w(page);
+  auto& a = w.a;
+  const layout& l = w.l;
   device_counters c;
   bam::device_buffer<unsigned long long> pinned(1);
   const unsigned long long zero = 0;
