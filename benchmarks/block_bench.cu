@@ -14,7 +14,9 @@
 // no cache), element (a[i], 32 lanes on consecutive elements of a page),
 // reader (the same through a reader that remembers slots), page (the same
 // through a pinned page handle, a.page(i)), range (a warp copies whole
-// pages with copy_to). In the array modes --io-size is the page size.
+// pages with copy_to), gather (every lane reads one word of a random page
+// of its own with a[i]: up to 32 misses in flight per warp). In the array
+// modes --io-size is the page size.
 #include "detail/bench_kernels.cuh"
 #include "detail/host_baselines.hpp"
 #include "detail/timing.cuh"
@@ -238,7 +240,10 @@ run_result run_device(const options& o, const std::string& dev) {
     bam::device_buffer<std::uint32_t> scratch(o.mode == "range" ? warps * (o.io_size / 4) : 1);
     j["cache_bytes"] = cache->slot_count() * o.io_size;
     j["working_set_bytes"] = ws;
-    j["in_flight_max"] = warps;
+    const bool gather = o.mode == "gather";
+    // Pages a launch visits: one per warp and op, or one per lane (gather).
+    const std::uint64_t visitors = gather ? threads : warps;
+    j["in_flight_max"] = visitors;
     const auto before = cache->counters();
     std::uint64_t launched_pages = 0;
     r = timed(
@@ -246,8 +251,10 @@ run_result run_device(const options& o, const std::string& dev) {
         [&](std::uint32_t n, bench::stats* st) {
           w.ops_per_thread = n;
           w.seed = next_seed(); // new offsets every launch (see next_seed)
-          launched_pages += warps * n;
-          if (o.mode == "element")
+          launched_pages += visitors * n;
+          if (gather)
+            bench::array_gather_kernel<<<blocks, o.block_threads>>>(a.ref(), nctrl, w, st);
+          else if (o.mode == "element")
             bench::array_kernel<bench::array_mode::element><<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
           else if (o.mode == "reader")
             bench::array_reader_kernel<<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
@@ -262,14 +269,16 @@ run_result run_device(const options& o, const std::string& dev) {
     // Hit rate over every run (calibration included): 1 - pages loaded / pages visited.
     j["hit_rate"] = 1.0 - static_cast<double>(after.misses - before.misses) / static_cast<double>(launched_pages);
     j["writebacks"] = after.writebacks - before.writebacks;
-    j["accesses_per_s"] = static_cast<double>(r.second.ops) * (o.io_size / 4) / r.first;
+    j["accesses_per_s"] = static_cast<double>(r.second.ops) * (gather ? 1 : o.io_size / 4) / r.first;
   }
   const double ops_per_s = static_cast<double>(r.second.ops) * units_per_op / r.first;
   j["ops_per_thread"] = ops;
   j["seconds"] = r.first;
   j["ops"] = r.second.ops;
   j["ops_per_s"] = ops_per_s;
-  j["GB_per_s"] = ops_per_s * o.io_size / 1e9;
+  // Payload: whole pages, or the one word a gather lane reads of its page.
+  j["GB_per_s"] = ops_per_s * (o.mode == "gather" ? 4 : o.io_size) / 1e9;
+  if (j.contains("hit_rate")) j["misses_per_s"] = ops_per_s * (1.0 - j["hit_rate"].get<double>());
   j["latency_us"] = {{"p50", percentile_us(r.second.hist, 0.50)},
                      {"p99", percentile_us(r.second.hist, 0.99)},
                      {"p999", percentile_us(r.second.hist, 0.999)}};
@@ -363,7 +372,8 @@ int main(int argc, char** argv) {
   CLI::App app{"bam block benchmark: GPU-initiated I/O on any transport, with ceilings from the same run"};
   options o;
   app.add_option("--device", o.devices, "device strings (default: emu-gpu:null=64G with --queues/--depth/--ssds)");
-  app.add_option("--mode", o.mode, "raw | element | reader | page | range")->check(CLI::IsMember({"raw", "element", "reader", "page", "range"}));
+  app.add_option("--mode", o.mode, "raw | element | reader | page | range | gather")
+      ->check(CLI::IsMember({"raw", "element", "reader", "page", "range", "gather"}));
   app.add_option("--access", o.access, "random | sequential")->check(CLI::IsMember({"random", "sequential"}));
   app.add_option("--op", o.op, "read | write | mix")->check(CLI::IsMember({"read", "write", "mix"}));
   app.add_option("--read-percent", o.read_percent, "reads in a mix")->check(CLI::Range(0u, 100u));

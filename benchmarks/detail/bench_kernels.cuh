@@ -221,6 +221,38 @@ __global__ void __maxnreg__(BENCH_READER_MAXNREG) array_reader_kernel(bam::array
   array_body<array_mode::reader>(a, nctrl, w, scratch, st);
 }
 
+//! Every lane reads one word of a page of its own per operation with a[i]:
+//! the embedding-lookup and graph pattern, where a warp has up to 32 pages
+//! (and misses) in flight at once. One op is one lane's page visit.
+__global__ void array_gather_kernel(bam::array_ref<std::uint32_t> a, std::uint32_t nctrl, workload w, stats* st) {
+  const std::uint64_t tid = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
+  const std::uint64_t nthreads = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+  const std::uint32_t per_page = w.unit_bytes / 4;
+  const std::uint32_t page_shift = 31 - __clz(per_page);
+  unsigned long long bad = 0;
+  std::uint32_t acc = 0;
+  for (std::uint32_t op = 0; op < w.ops_per_thread; ++op) {
+    const std::uint64_t h = mix(w.seed ^ (tid * 0x100000001b3ull + op));
+    const std::uint64_t page = unit_of(w, tid, op, nthreads, h);
+    const std::uint32_t k = static_cast<std::uint32_t>(h >> 40) & (per_page - 1);
+    const std::uint32_t want = page_base(page, page_shift, nctrl) ^ k;
+    const std::uint64_t t0 = bam::detail::now_ns();
+    if (is_read(w, h)) {
+      const std::uint32_t v = a[(page << page_shift) + k];
+      acc ^= v;
+      bad += w.verify && v != want;
+    } else {
+      a.write((page << page_shift) + k, want);
+    }
+    const std::uint64_t t1 = bam::detail::now_ns();
+    if (threadIdx.x % 32 == 0 && (op & ((1u << w.sample_shift) - 1)) == 0)
+      atomicAdd(&st->hist[latency_bucket(t1 - t0)], 1ull);
+  }
+  atomicAdd(&st->ops, static_cast<unsigned long long>(w.ops_per_thread));
+  if (bad) atomicAdd(&st->bad, bad);
+  if (acc == 0x9e3779b9u && bad == ~0ull) st->errors = acc;
+}
+
 // ---- ceilings -----------------------------------------------------------------
 
 //! Every warp gathers `ops_per_thread` random blocks of `unit_bytes` from
