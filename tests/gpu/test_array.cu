@@ -109,6 +109,24 @@ __global__ void reader_kernel(bam::array_ref<std::uint32_t> a, layout l, std::ui
   atomicAdd(&c->done, done);
 }
 
+//! Every thread prefetches the page of element `page * per_page + 7` of its
+//! own page (pages `tid * stride`), except every eighth lane, which names an
+//! index past the end; then reads that element. Counts the prefetches that
+//! said the page arrived (`done`), wrong answers (`errors`: an arrival for a
+//! bad index, none for a good one) and wrong values (`bad`).
+__global__ void prefetch_kernel(bam::array_ref<std::uint32_t> a, layout l, std::uint64_t per_page,
+                                std::uint64_t stride, counters* c) {
+  const std::uint64_t tid = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
+  const bool past_end = tid % 8 == 7;
+  const std::uint64_t i = past_end ? a.size() + tid : (tid * stride) * per_page + 7;
+  std::uint32_t slot = ~0u;
+  const bool arrived = a.prefetch(i, true, &slot);
+  const bool nothing_wanted = a.prefetch(i, false, nullptr);
+  if (arrived) atomicAdd(&c->done, 1ull);
+  if (arrived == past_end || nothing_wanted || (arrived && slot >= a.cache.nslots)) atomicAdd(&c->errors, 1ull);
+  if (!past_end && a[i] != l.expected(i)) atomicAdd(&c->bad, 1ull);
+}
+
 __global__ void index_kernel(bam::array_ref<std::uint32_t> a, std::uint64_t i, std::uint32_t* out) {
   out[threadIdx.x] = a[i + threadIdx.x];
 }
@@ -516,6 +534,27 @@ TEST_CASE("a page handle reads off its page as a[j], and past the array's end as
     CHECK(held[lane] == 1); // the page itself is in range
     CHECK(got[lane] == 0u);
   }
+}
+
+TEST_CASE("prefetch brings a warp's pages in together and records nothing for bad indices", "[gpu][array][sanitize]") {
+  bam::storage s("emu-gpu:hbm=8M,ssds=2,queues=8,depth=64");
+  bam_test::fill_pattern(s);
+  bam::page_cache cache({.page_size = 4096, .capacity = 8 << 20}); // the whole array: nothing is evicted
+  bam::array<std::uint32_t> a(cache, s, (8ull << 20) / 4);
+  const layout l{0, 4096, 512, 2};
+  device_counters c;
+  const std::uint64_t threads = 256, good = threads - threads / 8;
+  const auto before = cache.counters();
+  prefetch_kernel<<<4, 64>>>(a.ref(), l, 1024, 3, c.ptr());
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(a.check()); // the bad indices were only prefetched, never read
+  const auto after = cache.counters();
+  const counters got = c.get();
+  CHECK(got.done == good);
+  CHECK(got.errors == 0);
+  CHECK(got.bad == 0);
+  // Each good lane's page was loaded once, by the prefetch: the read hit.
+  CHECK(after.misses - before.misses == good);
 }
 
 TEST_CASE("a cache with one way per set", "[gpu][array]") {

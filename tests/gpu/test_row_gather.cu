@@ -66,14 +66,19 @@ std::string hbm(std::uint64_t mib, std::uint32_t ssds) {
          ",queues=32,depth=64";
 }
 
-//! Gathers `ids` through bam::gather_rows and returns what arrived.
+//! Gathers `ids` through bam::gather_rows and returns what arrived;
+//! `rows_per_warp` rows at a time per warp (0: as gather_rows chooses).
 template <class T, class Id>
 std::vector<T> gather(bam::array<T>& a, const std::vector<Id>& ids, std::uint64_t width,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, unsigned rows_per_warp = 0) {
   bam::device_buffer<Id> d_ids(ids.size());
   bam::copy_to_device(d_ids.get(), ids.data(), ids.size());
   bam::device_buffer<T> out(ids.size() * width);
-  bam::gather_rows(a, d_ids.get(), ids.size(), width, out.get(), stream);
+  if (rows_per_warp == 0)
+    bam::gather_rows(a, d_ids.get(), ids.size(), width, out.get(), stream);
+  else
+    bam::detail::launch_gather_rows(a, d_ids.get(), ids.size(), width, out.get(), bam::hot_rows_ref<T>{}, stream,
+                                    rows_per_warp);
   BAM_CUDA_TRY(cudaStreamSynchronize(stream));
   std::vector<T> got(ids.size() * width);
   bam::copy_to_host(got.data(), out.get(), got.size());
@@ -247,6 +252,9 @@ TEMPLATE_TEST_CASE("gather_rows: rows straddling pages, repeated ids, every elem
   // Widths: inside a page, not dividing it (rows straddle page boundaries),
   // wider than several pages, one element, odd sizes (unaligned copies).
   const std::uint64_t width = GENERATE(as<std::uint64_t>{}, 1, 37, 1000, 1024, 3000, 4099);
+  // One row per warp, or several whose pages a warp brings in together
+  // (and, when it can pin them all, copies from the pages it holds).
+  const unsigned rows_per_warp = GENERATE(1u, 7u, 32u);
   constexpr std::uint32_t page = 4096, ssds = 2;
   constexpr std::uint64_t start_lba = 64;
   bam::storage s(hbm(16, ssds));
@@ -270,17 +278,56 @@ TEMPLATE_TEST_CASE("gather_rows: rows straddling pages, repeated ids, every elem
     ids.push_back(rows / 2); // the same id, side by side
   cudaStream_t stream;
   BAM_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const std::vector<T> got = gather(a, ids, width, stream);
+  const std::vector<T> got = gather(a, ids, width, stream, rows_per_warp);
   REQUIRE_NOTHROW(a.check(stream));
   std::string first;
   const std::uint64_t bad = wrong_elements(l, ids, width, got, first);
-  INFO("width " << width << ", element size " << sizeof(T) << ", first wrong: " << first);
+  INFO("width " << width << ", element size " << sizeof(T) << ", " << rows_per_warp << " rows per warp, first wrong: "
+                << first);
   CHECK(bad == 0);
   // Signed ids work alike.
   std::vector<std::int64_t> signed_ids(ids.begin(), ids.begin() + 100);
-  const std::vector<T> got_signed = gather(a, signed_ids, width, stream);
+  const std::vector<T> got_signed = gather(a, signed_ids, width, stream, rows_per_warp);
   REQUIRE_NOTHROW(a.check(stream));
   CHECK(std::memcmp(got_signed.data(), got.data(), got_signed.size() * sizeof(T)) == 0);
+  BAM_CUDA_TRY(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("gather_rows, 32 rows per warp: a cache smaller than a warp's pages, one id everywhere",
+          "[gpu][row_gather]") {
+  constexpr std::uint32_t page = 4096;
+  bam::storage s(hbm(8, 1));
+  bam_test::fill_pattern(s);
+  const std::uint64_t width = 700; // 2800 bytes: most rows straddle a page boundary
+  const std::uint64_t n = (4ull << 20) / 4;
+  const layout l{0, page, s.lba_size(), 1};
+  const std::uint64_t rows = n / width;
+  cudaStream_t stream;
+  BAM_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  SECTION("16 slots in 2 sets for up to 64 pages a warp: its pins mostly fail, none is waited for") {
+    bam::page_cache cache({.page_size = page, .capacity = 16 * page});
+    bam::array<std::uint32_t> a(cache, s, n);
+    std::vector<std::uint64_t> ids = every_row_shuffled(rows);
+    ids.insert(ids.end(), ids.begin(), ids.begin() + 500);
+    const std::vector<std::uint32_t> got = gather(a, ids, width, stream, 32);
+    REQUIRE_NOTHROW(a.check(stream));
+    std::string first;
+    const std::uint64_t bad = wrong_elements(l, ids, width, got, first);
+    INFO("first wrong: " << first);
+    CHECK(bad == 0);
+  }
+  SECTION("one row 300,000 times: more pins than a page can count (65,535) would be asked for") {
+    bam::page_cache cache({.page_size = page, .capacity = 1 << 20});
+    bam::array<std::uint32_t> a(cache, s, n);
+    const std::vector<std::uint64_t> ids(300000, rows / 3);
+    const std::vector<std::uint32_t> got = gather(a, ids, width, stream, 32);
+    REQUIRE_NOTHROW(a.check(stream));
+    std::uint64_t bad = 0;
+    for (std::size_t r = 0; r < ids.size(); ++r)
+      for (std::uint64_t c = 0; c < width; ++c)
+        bad += got[r * width + c] != l.expected(ids[r] * width + c);
+    CHECK(bad == 0);
+  }
   BAM_CUDA_TRY(cudaStreamDestroy(stream));
 }
 
@@ -316,8 +363,9 @@ TEST_CASE("gather_rows: an id out of range makes check() throw naming its index"
   bam::array<std::uint32_t> a(cache, s, n);
   const layout l{0, 4096, s.lba_size(), 1};
   const std::uint64_t bad_id = GENERATE(as<std::uint64_t>{}, 10, 11, 12345);
+  const unsigned rows_per_warp = GENERATE(1u, 32u);
   std::vector<std::uint64_t> ids{3, bad_id, 9};
-  const std::vector<std::uint32_t> got = gather(a, ids, width, nullptr);
+  const std::vector<std::uint32_t> got = gather(a, ids, width, nullptr, rows_per_warp);
   bam_test::require_bad_index(a, bad_id * width, bad_id * width + 1);
   // The bad row is zeroes, the others arrived.
   for (std::uint64_t c = 0; c < width; ++c) {

@@ -8,8 +8,11 @@
 //!    into `out[0..row_width)`. Rows may straddle pages; the warp keeps up to
 //!    32 pages of the row in flight (`array_ref::copy_to`).
 //!  - `bam::gather_rows(a, d_ids, count, row_width, d_out, stream)`: host
-//!    function: row `d_ids[k]` into `d_out + k * row_width` for every k, one
-//!    warp per row, on `stream`. Ids may repeat.
+//!    function: row `d_ids[k]` into `d_out + k * row_width` for every k, on
+//!    `stream`. Ids may repeat. A warp takes up to 32 rows at a time: its
+//!    lanes bring in those rows' pages together (`array_ref::prefetch`), so
+//!    that up to 64 misses are in flight per warp, then it copies the rows
+//!    one by one (for a short list, one row per warp).
 //!
 //!  - `bam::hot_rows<T>(a, row_width, ids)`: a hot set: a copy of rows `ids`
 //!    (e.g. the most referenced nodes of a graph) in pinned host memory,
@@ -43,6 +46,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -121,32 +125,135 @@ inline constexpr unsigned gather_block_threads = 256;
 //! Blocks of `gather_rows_kernel` at most: warps loop over the rows beyond.
 inline constexpr unsigned gather_max_blocks = 1u << 15;
 
+//! Pins a lane holds on the pages of its row (see `hold_row_pages`).
+struct row_pins {
+  std::uint32_t slot[2] = {0, 0};
+  bool held[2] = {false, false};
+};
+
+//! Every lane of the warp brings in the first and last pages of its row
+//! (`cold`: a row read through the cache) together, so that the warp has
+//! up to 64 pages in flight where one row at a time would have one or two.
+//! When every such row lies within those pages, each lane then pins them
+//! without waiting; if one pin fails (a page evicted meanwhile), none is
+//! held. Returns whether the warp holds every cold row's pages.
+template <class T>
+BAM_DEVICE bool hold_row_pages(const array_ref<T>& a, std::uint64_t first, std::uint64_t row_width, bool cold,
+                               row_pins& p) {
+  constexpr unsigned full = 0xffffffffu;
+  const std::uint64_t last = cold ? first + row_width - 1 : 0;
+  const std::uint64_t pages = cold ? (last >> a.elem_shift) - (first >> a.elem_shift) + 1 : 0;
+  std::uint32_t s0 = 0, s1 = 0;
+  const bool arrived0 = a.prefetch(first, cold, &s0);
+  const bool arrived1 = a.prefetch(last, pages > 1, &s1);
+  if (!__all_sync(full, pages <= 2)) return false; // wide rows: copy_to reads their pages together itself
+  // The slots pin_slot returns carry a dependency on the pin: the page's
+  // data is read only after it.
+  if (arrived0) {
+    const pin_result r = a.cache.pin_slot(s0, a.key_of(first));
+    p.held[0] = r.state == pin_state::hit;
+    p.slot[0] = r.slot;
+  }
+  if (arrived1) {
+    const pin_result r = a.cache.pin_slot(s1, a.key_of(last));
+    p.held[1] = r.state == pin_state::hit;
+    p.slot[1] = r.slot;
+  }
+  if (__all_sync(full, !cold || (p.held[0] && (pages < 2 || p.held[1])))) return true;
+  for (int k = 0; k < 2; ++k)
+    if (p.held[k]) a.cache.release(p.slot[k]);
+  p = row_pins{};
+  return false;
+}
+
+//! The warp copies the row of `row_width` elements from element `first`
+//! on, whose pages are held in `slot0` and (for the rest) `slot1`, into
+//! `out`. Returns a dependency token (0) of every value read.
+template <class T>
+BAM_DEVICE unsigned copy_held_row(const array_ref<T>& a, std::uint64_t first, std::uint64_t row_width,
+                                  std::uint32_t slot0, std::uint32_t slot1, T* out, unsigned lane) {
+  const std::uint64_t per_page = 1ull << a.elem_shift;
+  const std::uint64_t in_first = per_page - (first & (per_page - 1));
+  const std::uint64_t n0 = row_width < in_first ? row_width : in_first;
+  unsigned token = warp_copy_out(reinterpret_cast<unsigned char*>(out),
+                                 reinterpret_cast<const unsigned char*>(a.element(slot0, first)), n0 * sizeof(T),
+                                 lane, a.cache.zero);
+  if (n0 < row_width)
+    token |= warp_copy_out(reinterpret_cast<unsigned char*>(out + n0), a.cache.page_data(slot1),
+                           (row_width - n0) * sizeof(T), lane, a.cache.zero);
+  return token;
+}
+
 template <class T, class Id>
 __global__ void __launch_bounds__(gather_block_threads)
     gather_rows_kernel(array_ref<T> a, const Id* ids, std::uint64_t count, std::uint64_t row_width,
-                       T* out, hot_rows_ref<T> hot) {
+                       T* out, hot_rows_ref<T> hot, unsigned group) {
+  constexpr unsigned full = 0xffffffffu;
   const std::uint64_t warp =
       (blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x) / 32;
   const std::uint64_t warps = static_cast<std::uint64_t>(gridDim.x) * blockDim.x / 32;
-  for (std::uint64_t r = warp; r < count; r += warps) {
+  const unsigned lane = lane_id();
+  const std::uint64_t rows = row_count(a, row_width);
+  // Each warp takes `group` rows at a time (lane k names row k): their
+  // pages are brought in together, then the whole warp copies one row
+  // after another, from the pages it holds when it could pin them all.
+  for (std::uint64_t g = warp * group; g < count; g += warps * group) {
     // A negative id converts to a huge one: out of range.
-    const auto id = static_cast<std::uint64_t>(ids[r]);
-    gather_row(a, id, row_width, out + r * row_width, hot);
+    const std::uint64_t id = lane < group && g + lane < count ? static_cast<std::uint64_t>(ids[g + lane]) : ~0ull;
+    const bool cold = id < rows && (row_width != hot.row_width || hot.find(id) == nullptr);
+    const std::uint64_t first = cold ? id * row_width : 0;
+    row_pins pins;
+    const bool holding = group > 1 && hold_row_pages(a, first, row_width, cold, pins);
+    const unsigned here = count - g < group ? static_cast<unsigned>(count - g) : group;
+    unsigned token = 0;
+    for (unsigned j = 0; j < here; ++j) {
+      T* dst = out + (g + j) * row_width;
+      if (holding && __shfl_sync(full, cold ? 1u : 0u, j) != 0)
+        token |= copy_held_row(a, __shfl_sync(full, first, j), row_width, __shfl_sync(full, pins.slot[0], j),
+                               __shfl_sync(full, pins.slot[1], j), dst, lane);
+      else
+        gather_row(a, __shfl_sync(full, id, j), row_width, dst, hot);
+    }
+    // The pins go once every lane's reads of the pages have arrived.
+    token = __reduce_or_sync(full, token);
+    for (int k = 0; k < 2; ++k)
+      if (pins.held[k]) a.cache.release_read(pins.slot[k], token);
   }
+}
+
+//! Rows per warp at a time: 32 (the most misses in flight) when there are
+//! rows enough to keep `gather_target_warps` warps busy, fewer for small
+//! gathers (down to one row per warp), which gain more from more warps.
+//! The environment variable BAM_GATHER_ROWS_PER_WARP (1 to 32) sets it instead
+//! (1: one row per warp, nothing brought in ahead).
+inline constexpr std::uint64_t gather_target_warps = 4096;
+inline unsigned gather_group(std::uint64_t count) {
+  static const unsigned forced = [] {
+    const char* e = std::getenv("BAM_GATHER_ROWS_PER_WARP");
+    const long v = e != nullptr ? std::strtol(e, nullptr, 10) : 0;
+    return v >= 1 && v <= 32 ? static_cast<unsigned>(v) : 0u;
+  }();
+  if (forced != 0) return forced;
+  const std::uint64_t g = (count + gather_target_warps - 1) / gather_target_warps;
+  return static_cast<unsigned>(g < 1 ? 1 : g > 32 ? 32 : g);
 }
 
 template <class T, class Id>
 void launch_gather_rows(array<T>& a, const Id* d_ids, std::uint64_t count, std::uint64_t row_width, T* d_out,
-                        const hot_rows_ref<T>& hot, cudaStream_t stream) {
+                        const hot_rows_ref<T>& hot, cudaStream_t stream, unsigned rows_per_warp = 0) {
   static_assert(std::is_integral_v<Id>, "row ids are integers");
   if (row_width == 0 || row_width > a.size())
     throw error("bam::gather_rows: row width " + std::to_string(row_width) + " (1 to the array's " +
                 std::to_string(a.size()) + " elements)");
   if (count == 0) return;
+  if (rows_per_warp > 32) throw error("bam::gather_rows: " + std::to_string(rows_per_warp) + " rows per warp (1 to 32)");
+  const unsigned group = rows_per_warp != 0 ? rows_per_warp : gather_group(count);
   constexpr std::uint64_t warps_per_block = gather_block_threads / 32;
-  const std::uint64_t blocks = (count + warps_per_block - 1) / warps_per_block;
+  const std::uint64_t warps = (count + group - 1) / group;
+  const std::uint64_t blocks = (warps + warps_per_block - 1) / warps_per_block;
   const unsigned grid = static_cast<unsigned>(blocks < gather_max_blocks ? blocks : gather_max_blocks);
-  gather_rows_kernel<T, Id><<<grid, gather_block_threads, 0, stream>>>(a.ref(), d_ids, count, row_width, d_out, hot);
+  gather_rows_kernel<T, Id><<<grid, gather_block_threads, 0, stream>>>(a.ref(), d_ids, count, row_width, d_out, hot,
+                                                                       group);
   BAM_CUDA_TRY(cudaGetLastError());
 }
 
@@ -253,7 +360,7 @@ private:
 };
 
 //! Rows `d_ids[0..count)` of `a` (rows of `row_width` elements) into
-//! `d_out[k * row_width ..)`, one warp per row, on `stream` (does not wait
+//! `d_out[k * row_width ..)`, whole warps per row, on `stream` (does not wait
 //! for it). `d_ids` and `d_out` are GPU-accessible memory. Bad ids are
 //! reported by the next `a.check(stream)`. Throws `bam::error` for a row
 //! width of zero or wider than the array.

@@ -149,6 +149,15 @@ public:
   //! the elements of such a page are set to T{}.
   BAM_DEVICE bool copy_to(std::uint64_t begin, std::uint64_t count, T* out) const;
 
+  //! Bring the page of element `i` into the cache, for each lane that passes
+  //! `want` (the lanes call it together, as any access). The warp's misses
+  //! are read at once, and nothing is held afterwards: a later access finds
+  //! the page unless it was evicted in between. True when the page arrived,
+  //! with its slot in `*slot` (if given; a hint for
+  //! `page_cache_ref::pin_slot`). Records nothing: the access that meets a
+  //! failure reports it.
+  BAM_DEVICE bool prefetch(std::uint64_t i, bool want = true, std::uint32_t* slot = nullptr) const;
+
   //! A reader that remembers the cache slot of each lane's last page.
   BAM_DEVICE array_reader<T> reader() const { return array_reader<T>(*this); }
 
@@ -258,6 +267,43 @@ BAM_DEVICE BAM_NOINLINE T array_ref<T>::access_slow(std::uint64_t i, const T* va
     }
     if (todo == 0) return result;
   }
+}
+
+template <class T>
+BAM_DEVICE bool array_ref<T>::prefetch(std::uint64_t i, bool want, std::uint32_t* slot) const {
+  using namespace detail;
+  const unsigned mask = __activemask();
+  const unsigned lane = lane_id();
+  const bool go = want && i < n;
+  const std::uint64_t key = go ? key_of(i) : ~0ull; // one group for the lanes that want nothing
+  const unsigned peers = same_value_lanes(mask, key);
+  const unsigned leader = __ffs(peers) - 1;
+  page_request r;
+  if (lane == leader && go) {
+    const pin_result p = cache.pin(key, false);
+    r.key = key;
+    r.slot = p.slot;
+    r.phase = phase_after(p.state);
+  }
+  // As in an access, a page that arrived is let go before the warp waits
+  // for the others: it never waits while it holds a page.
+  bool arrived = false;
+  std::uint32_t arrived_in = 0;
+  while (__any_sync(mask, r.phase != page_phase::idle)) {
+    if (__any_sync(mask, !r.settled())) cache.resolve(r, mask, true);
+    if (r.phase == page_phase::hit) {
+      arrived = true;
+      arrived_in = r.slot;
+      cache.release(r.slot);
+      r.phase = page_phase::idle;
+    } else if (r.phase == page_phase::failed) {
+      r.phase = page_phase::idle;
+    }
+  }
+  const bool got = __shfl_sync(mask, arrived ? 1u : 0u, leader) != 0;
+  const std::uint32_t s = __shfl_sync(mask, arrived_in, leader);
+  if (got && slot != nullptr) *slot = s;
+  return got;
 }
 
 namespace detail {
