@@ -175,6 +175,25 @@ TEST_CASE("a duplicate completion and one naming another SQ are dropped", "[queu
   CHECK(h.q.wait(b) == nvme::status_timeout);
 }
 
+TEST_CASE("in one batch of completions: a repeat after the real one is dropped, the real one after a stray is filed",
+          "[queue][hostile]") {
+  hand_queue h;
+  std::uint64_t a = 0, b = 0;
+  REQUIRE(h.q.submit(nvme::make_flush(1), a) == nvme::status_success);
+  REQUIRE(h.q.submit(nvme::make_flush(1), b) == nvme::status_success);
+  // Posted before anyone polls, so one poll consumes them together.
+  h.post(h.q.cid_of(a), h.q.qid, 2, 111);                                    // a's completion
+  h.post(h.q.cid_of(a), h.q.qid, 2, 222);                                    // the same again
+  h.post(h.q.cid_of(b), static_cast<std::uint16_t>(h.q.qid + 1), 2, 333);    // b's id, wrong SQ
+  h.post(h.q.cid_of(b), h.q.qid, 2, 444);                                    // b's completion
+  CHECK(h.q.poll() == 4);
+  std::uint32_t dw0 = 0;
+  CHECK(h.q.wait(a, &dw0) == nvme::status_success);
+  CHECK(dw0 == 111u);
+  CHECK(h.q.wait(b, &dw0) == nvme::status_success);
+  CHECK(dw0 == 444u);
+}
+
 TEST_CASE("a completion whose SQ head says its command was never fetched is dropped",
           "[queue][hostile]") {
   hand_queue h;
