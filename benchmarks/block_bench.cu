@@ -13,7 +13,8 @@
 // Modes: raw (GPU threads issue NVMe commands straight through the queues,
 // no cache), element (a[i], 32 lanes on consecutive elements of a page),
 // reader (the same through a reader that remembers slots), page (the same
-// through a pinned page handle, a.page(i)), range (a warp copies whole
+// through a pinned page handle, a.page(i)), span (the same through the
+// handle's unchecked span, pg.span()[k]), range (a warp copies whole
 // pages with copy_to), gather (every lane reads one word of a random page
 // of its own with a[i]: up to 32 misses in flight per warp). In the array
 // modes --io-size is the page size.
@@ -260,6 +261,8 @@ run_result run_device(const options& o, const std::string& dev) {
             bench::array_reader_kernel<<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
           else if (o.mode == "page")
             bench::array_page_kernel<<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
+          else if (o.mode == "span")
+            bench::array_span_kernel<<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
           else
             bench::array_kernel<bench::array_mode::range><<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
         },
@@ -284,7 +287,7 @@ run_result run_device(const options& o, const std::string& dev) {
                      {"p999", percentile_us(r.second.hist, 0.999)}};
   j["bad_words"] = r.second.bad;
   j["errors"] = r.second.errors;
-  if (o.mode == "page") j["page_handles_unpinned"] = r.second.unpinned; // page visits served through a[i]
+  if (o.mode == "page" || o.mode == "span") j["page_handles_unpinned"] = r.second.unpinned; // page visits served through a[i]
   if (r.second.bad != 0 || r.second.errors != 0)
     std::fprintf(stderr, "block_bench: %s: %llu wrong words, %llu failed operations\n", dev.c_str(), r.second.bad,
                  r.second.errors);
@@ -372,8 +375,8 @@ int main(int argc, char** argv) {
   CLI::App app{"bam block benchmark: GPU-initiated I/O on any transport, with ceilings from the same run"};
   options o;
   app.add_option("--device", o.devices, "device strings (default: emu-gpu:null=64G with --queues/--depth/--ssds)");
-  app.add_option("--mode", o.mode, "raw | element | reader | page | range | gather")
-      ->check(CLI::IsMember({"raw", "element", "reader", "page", "range", "gather"}));
+  app.add_option("--mode", o.mode, "raw | element | reader | page | span | range | gather")
+      ->check(CLI::IsMember({"raw", "element", "reader", "page", "span", "range", "gather"}));
   app.add_option("--access", o.access, "random | sequential")->check(CLI::IsMember({"random", "sequential"}));
   app.add_option("--op", o.op, "read | write | mix")->check(CLI::IsMember({"read", "write", "mix"}));
   app.add_option("--read-percent", o.read_percent, "reads in a mix")->check(CLI::Range(0u, 100u));

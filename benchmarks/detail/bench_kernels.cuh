@@ -109,7 +109,7 @@ __global__ void raw_kernel(const bam::queue_set_ref* ctrls, std::uint32_t nctrl,
 
 // ---- through bam::array -------------------------------------------------------
 
-enum class array_mode : int { element = 0, reader = 1, range = 2, page = 3 };
+enum class array_mode : int { element = 0, reader = 1, range = 2, page = 3, span = 4 };
 //! The benchmark's array: 32-bit words, pages of 2^page_shift words striped
 //! over `nctrl` controllers. Word k of array page p holds
 //! pattern_word(p % nctrl, ((p / nctrl) << page_shift | k) * 4): one value
@@ -157,6 +157,25 @@ __device__ __forceinline__ void array_body(bam::array_ref<std::uint32_t> a, std:
         const std::uint32_t v = pg[base + k];
         acc ^= v;
         bad += w.verify && v != (want ^ k);
+      }
+    } else if constexpr (Mode == array_mode::span) {
+      auto pg = a.page(base + lane);
+      const auto sp = pg.span();
+      if (sp.size == per_page) {
+        // Unchecked loads, no branch between them: 32 in flight per lane at 4 KiB.
+#pragma unroll 32
+        for (std::uint32_t k = lane; k < per_page; k += 32) {
+          const std::uint32_t v = sp[k];
+          acc ^= v;
+          bad += w.verify && v != (want ^ k);
+        }
+      } else {
+        if (lane == 0) atomicAdd(&st->unpinned, 1ull);
+        for (std::uint32_t k = lane; k < per_page; k += 32) {
+          const std::uint32_t v = pg[base + k];
+          acc ^= v;
+          bad += w.verify && v != (want ^ k);
+        }
       }
     } else if constexpr (Mode == array_mode::reader) {
       auto r = a.reader();
@@ -211,6 +230,12 @@ __global__ void BENCH_ARRAY_REGS array_kernel(bam::array_ref<std::uint32_t> a, s
 __global__ void __maxnreg__(BENCH_PAGE_MAXNREG) array_page_kernel(bam::array_ref<std::uint32_t> a, std::uint32_t nctrl, workload w,
                                                    std::uint32_t* scratch, stats* st) {
   array_body<array_mode::page>(a, nctrl, w, scratch, st);
+}
+
+//! Page spans: capped as page handles are.
+__global__ void __maxnreg__(BENCH_PAGE_MAXNREG) array_span_kernel(bam::array_ref<std::uint32_t> a, std::uint32_t nctrl, workload w,
+                                                   std::uint32_t* scratch, stats* st) {
+  array_body<array_mode::span>(a, nctrl, w, scratch, st);
 }
 
 //! Readers: capped at 64 registers (in one H100 run, 54.7 M pages/s against

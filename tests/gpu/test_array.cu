@@ -338,9 +338,9 @@ namespace {
 // Each warp walks a random stretch page by page with a page handle per page;
 // the lanes read that page's elements of the stretch (a stretch's first and
 // last pages leave some lanes without one: the warp diverges inside the
-// handle's scope).
+// handle's scope). With `use_span`, a held page is read through its span.
 __global__ void page_walk_kernel(bam::array_ref<std::uint32_t> a, layout l, std::uint32_t stretch, int iters,
-                                 counters* c, unsigned long long* pinned) {
+                                 counters* c, unsigned long long* pinned, bool use_span) {
   const std::uint64_t warp = (blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x) / 32;
   const unsigned lane = threadIdx.x % 32;
   const std::uint64_t per_page = l.page_size / 4;
@@ -352,8 +352,9 @@ __global__ void page_walk_kernel(bam::array_ref<std::uint32_t> a, layout l, std:
                                                                                   : begin + stretch;
       auto pg = a.page(p0);
       held += lane == 0 && pg.pinned();
+      const bam::page_span<std::uint32_t> sp = use_span ? pg.span() : bam::page_span<std::uint32_t>{};
       for (std::uint64_t i = p0 + lane; i < end; i += 32) {
-        bad += pg[i] != l.expected(i);
+        bad += (sp.size != 0 ? sp[i - sp.first] : pg[i]) != l.expected(i);
         ++done;
       }
     }
@@ -370,8 +371,11 @@ std::uint64_t pages_walked(std::uint64_t begin, std::uint64_t stretch, std::uint
 
 } // namespace
 
-TEST_CASE("page handles walking through pages see the right data under eviction", "[gpu][array]") {
+TEST_CASE("page handles walking through pages see the right data under eviction, read by index and by span",
+          "[gpu][array]") {
   const auto page = GENERATE(std::size_t{512}, std::size_t{4096}, std::size_t{16384});
+  const bool use_span = GENERATE(false, true);
+  INFO((use_span ? "through spans" : "by index"));
   eviction_walk w(page);
   auto& a = w.a;
   const layout& l = w.l;
@@ -381,7 +385,7 @@ TEST_CASE("page handles walking through pages see the right data under eviction"
   bam::copy_to_device(pinned.get(), &zero, 1);
   const int blocks = 256, threads = 256, iters = 4;
   const std::uint32_t stretch = 3000;
-  page_walk_kernel<<<blocks, threads>>>(a.ref(), l, stretch, iters, c.ptr(), pinned.get());
+  page_walk_kernel<<<blocks, threads>>>(a.ref(), l, stretch, iters, c.ptr(), pinned.get(), use_span);
   BAM_TEST_SYNC();
   REQUIRE_NOTHROW(a.check());
   CHECK(c.get().bad == 0);
@@ -404,15 +408,18 @@ namespace {
 // (parked, still inside its scope) while lanes 0..15 read on; the handle's
 // end lets the slot go, so the second handle's page (same set) can load.
 __global__ void page_early_exit_kernel(bam::array_ref<std::uint32_t> a, std::uint64_t pb, std::uint64_t pc,
-                                       std::uint32_t per_page, layout l, std::uint32_t* out, counters* c) {
+                                       std::uint32_t per_page, layout l, std::uint32_t* out, counters* c,
+                                       bool use_span) {
   const unsigned lane = threadIdx.x % 32;
   unsigned long long bad = 0;
   {
     auto pg = a.page(pb * per_page);
     bad += !pg.pinned();
+    const bam::page_span<std::uint32_t> sp = use_span ? pg.span() : bam::page_span<std::uint32_t>{};
+    bad += use_span && (sp.size != per_page || sp.first != pb * per_page);
     for (std::uint32_t k = lane; k < per_page; k += 32) {
       if (lane >= 16 && k >= 64) break;
-      bad += pg[pb * per_page + k] != l.expected(pb * per_page + k);
+      bad += (use_span ? sp[k] : pg[pb * per_page + k]) != l.expected(pb * per_page + k);
     }
   }
   {
@@ -441,7 +448,8 @@ TEST_CASE("a page handle's lanes that leave a loop early do not keep its page pi
   const layout l{0, 4096, 512, 1};
   bam::device_buffer<std::uint32_t> out(32);
   device_counters c;
-  page_early_exit_kernel<<<1, 32>>>(a.ref(), 5, 7, 1024, l, out.get(), c.ptr());
+  const bool use_span = GENERATE(false, true);
+  page_early_exit_kernel<<<1, 32>>>(a.ref(), 5, 7, 1024, l, out.get(), c.ptr(), use_span);
   BAM_TEST_SYNC();
   REQUIRE_NOTHROW(a.check());
   CHECK(c.get().bad == 0);

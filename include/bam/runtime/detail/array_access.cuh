@@ -129,6 +129,17 @@ class array_reader;
 template <class T>
 class array_page;
 
+//! A lane's pinned page, from `array_page::span()`: element k of the page
+//! (k < `size`) is `s[k]`, one load that skips L1 and no check, so a loop
+//! over it keeps many loads in flight. Valid while its `array_page` lives.
+template <class T>
+struct page_span {
+  const T* data = nullptr;
+  std::uint64_t first = 0; //!< array index of the page's element 0
+  std::uint64_t size = 0;  //!< elements on the page (0: not pinned)
+  BAM_DEVICE T operator[](std::uint64_t k) const { return detail::load_page(data + k); }
+};
+
 //! Trivially copyable handle to a `bam::array<T>`; pass it to kernels by value.
 template <class T>
 class array_ref {
@@ -528,6 +539,9 @@ private:
 //! @code
 //!   auto pg = a.page(first);                      // the whole warp, one page
 //!   for (std::uint32_t k = lane; k < per_page; k += 32) sum += pg[first + k];
+//!   // or, many loads in flight at once:
+//!   if (const auto s = pg.span(); s.size != 0)
+//!     for (std::uint32_t k = lane; k < s.size; k += 32) sum += s[k];
 //! @endcode
 template <class T>
 class array_page {
@@ -568,6 +582,13 @@ public:
 
   //! Let the pins go (the lanes that made it, each reaching its end of scope).
   BAM_DEVICE ~array_page() {
+    if (__any_sync(mask_, spanned_)) {
+      // Reads through a span are not tracked: the warp's barrier orders them
+      // before the release.
+      __syncwarp(mask_);
+      if (holds_pin_) a_->cache.release(pin_);
+      return;
+    }
     // Every lane's reads of its page arrived before the pin is dropped.
     const unsigned token = detail::dependency_token(__reduce_or_sync(mask_, read_), a_->cache.zero);
     if (holds_pin_) a_->cache.release_read(pin_, token);
@@ -585,6 +606,16 @@ public:
   //! Whether this lane's page is pinned (else every read goes through `a[j]`).
   BAM_DEVICE bool pinned() const { return count_ != 0; }
 
+  //! This lane's page as a span of unchecked reads (`span()[k]` is element
+  //! `span().first + k`), for loops that read many of its elements: no
+  //! branch between the loads lets them all be in flight at once. Empty
+  //! (size 0) when the page is not pinned: then read through `operator[]`.
+  //! Ends with the handle; its pin is then let go after a warp barrier.
+  BAM_DEVICE page_span<T> span() {
+    spanned_ = true;
+    return {data_, first_, count_};
+  }
+
 private:
   const array_ref<T>* a_;     //!< the handle it was made from (must outlive it)
   const T* data_ = nullptr;   //!< element `first_` in the cache
@@ -594,6 +625,7 @@ private:
   unsigned mask_ = 0;         //!< the lanes that made it
   unsigned read_ = 0;         //!< the first words of the values read (their arrival orders the unpin)
   bool holds_pin_ = false;    //!< this lane lets go of the pin at the end
+  bool spanned_ = false;      //!< a span was handed out: its reads are untracked
 };
 
 } // namespace bam
