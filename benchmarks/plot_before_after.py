@@ -33,7 +33,7 @@ def load(folder):
         runs.append({"tree": tree, "workload": workload, "round": rnd, "file": f.name, "gpu": d.get("gpu"),
                      "driver": d.get("driver"), "date": d.get("date"), "device": r["device"], "mode": r["mode"],
                      "threads": r["threads"], "Mops_per_s": r["ops_per_s"] / 1e6, "GB_per_s": r["GB_per_s"],
-                     "latency_us": r["latency_us"], "hit_rate": r["hit_rate"]})
+                     "latency_us": r["latency_us"], "hit_rate": r.get("hit_rate")})
     return runs
 
 
