@@ -350,75 +350,57 @@ struct queue_pair_ref {
     detail::release_fence();
     std::uint32_t sq_head_pos = counters->sq_head_pos;
     std::uint64_t sq_head = counters->sq_head;
-    // In batches: the entries' loads, then their command ids' state, each
-    // set in flight together; then the results filed in order.
-    constexpr std::uint32_t batch = 8;
-    for (std::uint32_t k0 = 0; k0 < n; k0 += batch) {
-      const std::uint32_t m = n - k0 < batch ? n - k0 : batch;
-      std::uint32_t cid[batch], dw0[batch], pos[batch], turn[batch], filed[batch];
-      std::uint16_t st[batch];
-      bool same_sq[batch];
-      completion_record* rec[batch];
-#pragma unroll
-      for (std::uint32_t j = 0; j < batch; ++j) {
-        if (j < m) {
-          completion* entry = &cq[(first + k0 + j) % cq_depth];
-          const cqe_dw3 w{detail::load_cqe_dw3(entry, cq_scope, cuda::memory_order_relaxed)};
-          cid[j] = w.command_id();
-          st[j] = w.status().raw;
-          dw0[j] = entry->dw0;
-          pos[j] = entry->sq_head;
-          same_sq[j] = entry->sq_id == qid;
-        }
+    // One entry ahead: the next entry's loads are issued before this one's
+    // result is filed, and a command id's state words load together (few
+    // registers: this runs inside every waiting kernel).
+    struct fields {
+      std::uint32_t cid, dw0, pos;
+      std::uint16_t st;
+      bool same_sq;
+    };
+    auto read_entry = [&](std::uint64_t at) {
+      completion* entry = &cq[at % cq_depth];
+      const cqe_dw3 w{detail::load_cqe_dw3(entry, cq_scope, cuda::memory_order_relaxed)};
+      return fields{w.command_id(), entry->dw0, entry->sq_head, w.status().raw, entry->sq_id == qid};
+    };
+    fields next = read_entry(first);
+    for (std::uint32_t k = 0; k < n; ++k) {
+      const fields e = next;
+      // Loaded after the previous entries were filed: a repeat of one sees it.
+      const std::uint32_t cid = e.cid < ncids ? e.cid : 0;
+      completion_record* const rec = cids[cid].record;
+      const std::uint32_t filed = device_atomic<std::uint32_t>(cids[cid].done).load(cuda::memory_order_relaxed);
+      const std::uint32_t turn =
+          sq_head_exact ? device_atomic<std::uint32_t>(cids[cid].free_turn).load(cuda::memory_order_relaxed) : 0;
+      if (k + 1 < n) next = read_entry(first + k + 1);
+      // Account for how far the controller has fetched (an out-of-range
+      // position from a misbehaving controller is ignored).
+      const bool head_known = e.pos < sq_depth;
+      if (head_known) {
+        sq_head += (e.pos + sq_depth - sq_head_pos) % sq_depth;
+        sq_head_pos = e.pos;
       }
-#pragma unroll
-      for (std::uint32_t j = 0; j < batch; ++j) {
-        if (j < m) {
-          const std::uint32_t c = cid[j] < ncids ? cid[j] : 0;
-          rec[j] = cids[c].record;
-          filed[j] = device_atomic<std::uint32_t>(cids[c].done).load(cuda::memory_order_relaxed);
-          turn[j] = sq_head_exact ? device_atomic<std::uint32_t>(cids[c].free_turn).load(cuda::memory_order_relaxed) : 0;
-        }
-      }
-#pragma unroll
-      for (std::uint32_t j = 0; j < batch; ++j) {
-        if (j >= m) continue;
-        // Account for how far the controller has fetched (an out-of-range
-        // position from a misbehaving controller is ignored).
-        const bool head_known = pos[j] < sq_depth;
-        if (head_known) {
-          sq_head += (pos[j] + sq_depth - sq_head_pos) % sq_depth;
-          sq_head_pos = pos[j];
-        }
-        // Only a command the controller has fetched can complete: the entry
-        // names this SQ, and the SQ head it reports is a slot of this queue and
-        // past the slot of the command id's current turn. A result already
-        // filed and not yet collected is not filed again, nor is a second
-        // entry for an id filed earlier in this batch (its state above was
-        // loaded before). Anything else (a stray or duplicate completion) is
-        // consumed and dropped.
-        bool plausible = cid[j] < ncids && same_sq[j] && head_known;
-        if (plausible && sq_head_exact) plausible = sq_head > std::uint64_t{turn[j]} * ncids + cid[j];
-        if (plausible && rec[j] == nullptr) plausible = filed[j] == 0;
-#pragma unroll
-        for (std::uint32_t i = 0; i < j; ++i)
-          if (cid[i] == cid[j] && same_sq[i] && filed[i] == ~0u) plausible = false;
-        if (!plausible) continue;
-        filed[j] = ~0u; // filed here
-        const std::uint32_t c = cid[j];
-        if (completion_record* r = rec[j]; r != nullptr) {
-          // Deliver, then free the id for its next turn right away.
-          r->dw0 = dw0[j];
-          r->status = st[j];
-          cids[c].record = nullptr;
-          device_atomic<std::uint32_t>(r->done).store(1, detail::publish_order());
-          device_atomic<std::uint32_t> free_turn(cids[c].free_turn);
-          free_turn.store(free_turn.load(cuda::memory_order_relaxed) + 1, detail::publish_order());
-        } else {
-          cids[c].dw0 = dw0[j];
-          cids[c].status = st[j];
-          device_atomic<std::uint32_t>(cids[c].done).store(1, detail::publish_order());
-        }
+      // Only a command the controller has fetched can complete: the entry
+      // names this SQ, and the SQ head it reports is a slot of this queue and
+      // past the slot of the command id's current turn. A result already
+      // filed and not yet collected is not filed again. Anything else (a
+      // stray or duplicate completion) is consumed and dropped.
+      bool plausible = e.cid < ncids && e.same_sq && head_known;
+      if (plausible && sq_head_exact) plausible = sq_head > std::uint64_t{turn} * ncids + cid;
+      if (plausible && rec == nullptr) plausible = filed == 0;
+      if (!plausible) continue;
+      if (rec != nullptr) {
+        // Deliver, then free the id for its next turn right away.
+        rec->dw0 = e.dw0;
+        rec->status = e.st;
+        cids[cid].record = nullptr;
+        device_atomic<std::uint32_t>(rec->done).store(1, detail::publish_order());
+        device_atomic<std::uint32_t> free_turn(cids[cid].free_turn);
+        free_turn.store(free_turn.load(cuda::memory_order_relaxed) + 1, detail::publish_order());
+      } else {
+        cids[cid].dw0 = e.dw0;
+        cids[cid].status = e.st;
+        device_atomic<std::uint32_t>(cids[cid].done).store(1, detail::publish_order());
       }
     }
     counters->sq_head_pos = sq_head_pos;
