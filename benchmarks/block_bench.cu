@@ -59,6 +59,7 @@ struct options {
   int reps = 3;
   bool compare = false;
   bool verify = true;
+  bool verify_all = false;
   std::string json;
   std::string commit;
   std::string file = "/tmp/bam-bench.img";
@@ -186,6 +187,7 @@ run_result run_device(const options& o, const std::string& dev) {
   w.read_percent = o.op == "read" ? 100 : o.op == "write" ? 0 : o.read_percent;
   w.sequential = o.access == "sequential";
   w.verify = (o.verify && data) ? 1 : 0;
+  w.verify_all = o.verify_all ? 1 : 0;
   w.seed = 12345;
   const std::uint32_t nctrl = s.controller_count();
   const std::uint64_t storage_bytes = s.blocks_per_controller() * s.lba_size() * nctrl;
@@ -201,6 +203,7 @@ run_result run_device(const options& o, const std::string& dev) {
   j["queues_per_controller"] = s.ref(0).nqueues;
   j["queue_depth"] = s.controller_at(0).io_queue_depth();
   j["verified"] = w.verify != 0;
+  if (o.mode == "range") j["verified_words"] = o.verify_all ? "every word" : "first word of every 512 bytes";
   unsigned blocks = static_cast<unsigned>((o.threads + o.block_threads - 1) / o.block_threads);
   // Raw mode: one buffer slot of io_size bytes per thread, 4 GiB at most; for
   // huge commands, fewer threads (still far more than the queues hold).
@@ -393,6 +396,8 @@ int main(int argc, char** argv) {
   app.add_option("--reps", o.reps, "timed repetitions (the median is reported)")->check(CLI::Range(1, 100));
   app.add_flag("--compare", o.compare, "also measure the ceilings and baselines (same sizes, same run)");
   app.add_flag("!--no-verify", o.verify, "do not check the data read");
+  app.add_flag("--verify-all", o.verify_all,
+               "range mode: check every word copied (default: the first word of every 512 bytes, as raw mode and the ceilings)");
   app.add_option("--json", o.json, "write the results here as JSON");
   app.add_option("--commit", o.commit, "commit id recorded in the JSON (default: $BAM_COMMIT)");
   app.add_option("--file", o.file, "file for the pread and KvikIO baselines");

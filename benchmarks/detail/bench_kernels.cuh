@@ -52,6 +52,7 @@ struct workload {
   std::uint32_t sample_shift = 3; //!< one latency sample per 2^shift operations
   std::uint64_t seed = 1;
   std::uint32_t verify = 1;
+  std::uint32_t verify_all = 0; //!< range mode: check every word copied (default: the first of every 512 bytes)
 };
 
 __device__ inline bool is_read(const workload& w, std::uint64_t h) {
@@ -188,8 +189,10 @@ __device__ __forceinline__ void array_body(bam::array_ref<std::uint32_t> a, std:
     } else {
       a.copy_to(base, per_page, out);
       __syncwarp();
-      // Every word of the page.
-      for (std::uint32_t k = lane; k < per_page; k += 32) {
+      // The first word of every 512 bytes, as the raw mode and the gather
+      // ceilings check theirs (--verify-all: every word).
+      const std::uint32_t stride = w.verify_all ? 1 : 128;
+      for (std::uint32_t k = lane * stride; k < per_page; k += 32 * stride) {
         acc ^= out[k];
         bad += w.verify && out[k] != (want ^ k);
       }
