@@ -107,6 +107,11 @@ struct hand_queue {
     q.attach_state(state);
   }
   ~hand_queue() { std::free(state); }
+  //! Two flushes submitted: tickets `a` and `b`.
+  void submit_flushes(std::uint64_t& a, std::uint64_t& b) {
+    REQUIRE(q.submit(nvme::make_flush(1), a) == nvme::status_success);
+    REQUIRE(q.submit(nvme::make_flush(1), b) == nvme::status_success);
+  }
   void post(std::uint16_t cid, std::uint16_t sq_id, std::uint16_t sq_head, std::uint32_t dw0 = 0) {
     emu::write_completion(cq.data(), depth, posted++, sq_head, sq_id, cid, nvme::status_success,
                           dw0, nvme::memory_scope::system);
@@ -179,8 +184,7 @@ TEST_CASE("in one batch of completions: a repeat after the real one is dropped, 
           "[queue][hostile]") {
   hand_queue h;
   std::uint64_t a = 0, b = 0;
-  REQUIRE(h.q.submit(nvme::make_flush(1), a) == nvme::status_success);
-  REQUIRE(h.q.submit(nvme::make_flush(1), b) == nvme::status_success);
+  h.submit_flushes(a, b);
   // Posted before anyone polls, so one poll consumes them together.
   h.post(h.q.cid_of(a), h.q.qid, 2, 111);                                    // a's completion
   h.post(h.q.cid_of(a), h.q.qid, 2, 222);                                    // the same again
@@ -198,8 +202,7 @@ TEST_CASE("a completion whose SQ head says its command was never fetched is drop
           "[queue][hostile]") {
   hand_queue h;
   std::uint64_t a = 0, b = 0;
-  REQUIRE(h.q.submit(nvme::make_flush(1), a) == nvme::status_success);
-  REQUIRE(h.q.submit(nvme::make_flush(1), b) == nvme::status_success);
+  h.submit_flushes(a, b);
   // The controller claims b done while reporting that it fetched only a's slot.
   h.post(h.q.cid_of(b), h.q.qid, 1, 0xbad);
   h.post(h.q.cid_of(a), h.q.qid, 1, 0xa);
