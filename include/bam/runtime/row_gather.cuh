@@ -11,7 +11,7 @@
 //!    function: row `d_ids[k]` into `d_out + k * row_width` for every k, on
 //!    `stream`. Ids may repeat. A warp takes up to 32 rows at a time: its
 //!    lanes bring in those rows' pages together (`array_ref::prefetch`), so
-//!    that up to 64 misses are in flight per warp, then it copies the rows
+//!    that up to 32 misses are in flight per warp, then it copies the rows
 //!    one by one (for a short list, one row per warp).
 //!
 //!  - `bam::hot_rows<T>(a, row_width, ids)`: a hot set: a copy of rows `ids`
@@ -131,9 +131,10 @@ struct row_pins {
   bool held[2] = {false, false};
 };
 
-//! Every lane of the warp brings in the first and last pages of its row
-//! (`cold`: a row read through the cache) together, so that the warp has
-//! up to 64 pages in flight where one row at a time would have one or two.
+//! Every lane of the warp brings in the first page of its row (`cold`: a
+//! row read through the cache), the warp's misses together, then the last
+//! page where the row straddles two, so that the warp has up to 32 misses in
+//! flight where one row at a time would have one or two.
 //! When every such row lies within those pages, each lane then pins them
 //! without waiting; if one pin fails (a page evicted meanwhile), none is
 //! held. Returns whether the warp holds every cold row's pages.

@@ -382,10 +382,18 @@ BAM_DEVICE bool array_ref<T>::copy_to(std::uint64_t begin, std::uint64_t count, 
   // Up to 32 pages: each lane pins one; if every page is in the cache, the
   // warp copies them out here, with no call.
   const std::uint64_t my_page = first + lane;
-  pin_result p{0, pin_state::miss};
-  if (my_page <= last) p = cache.pin(page_cache_ref::make_key(space, first_page + my_page), false);
-  if (!__all_sync(full, my_page > last || p.state == pin_state::hit)) return copy_slow(begin, count, out, p, true);
   const std::uint64_t per_page = 1ull << elem_shift;
+  pin_result p{0, pin_state::miss};
+  if (my_page <= last) {
+    // The bytes of this page the range covers, in 16-byte units, asked into
+    // L2 while the pin is in flight.
+    const std::uint64_t lo = my_page == first ? (begin & (per_page - 1)) * sizeof(T) : 0;
+    const std::uint64_t hi = my_page == last ? (((begin + count - 1) & (per_page - 1)) + 1) * sizeof(T) : per_page * sizeof(T);
+    const std::uint32_t from = static_cast<std::uint32_t>(lo & ~std::uint64_t{15});
+    const std::uint32_t bytes = static_cast<std::uint32_t>(((hi + 15) & ~std::uint64_t{15}) - from);
+    p = cache.pin(page_cache_ref::make_key(space, first_page + my_page), false, from, bytes);
+  }
+  if (!__all_sync(full, my_page > last || p.state == pin_state::hit)) return copy_slow(begin, count, out, p, true);
   const unsigned npages = static_cast<unsigned>(last - first) + 1;
   for (unsigned k = 0; k < npages; ++k) {
     const std::uint32_t slot = __shfl_sync(full, p.slot, k);

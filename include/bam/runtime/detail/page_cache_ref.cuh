@@ -125,6 +125,20 @@ struct wait_marker {
 //! succeeds, and busy no more unless `keep_busy` (a write that timed out may
 //! still read the slot). One atomic step, so that no one sees the slot
 //! half-marked (lost, or clean and free).
+//! Ask bytes [p, p + bytes) into L2 (16-byte aligned, a multiple of 16): a
+//! hint that loads nothing; one bulk request on sm_90 and later.
+BAM_DEVICE inline void prefetch_l2(const void* p, std::uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes));
+#elif defined(__CUDA_ARCH__)
+  for (std::uint32_t o = 0; o < bytes; o += 128)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(static_cast<const char*>(p) + o));
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
 BAM_DEVICE inline void mark_writeback_failed(std::uint64_t* slot_word, bool keep_busy) {
   dev_atomic<std::uint64_t> st(*slot_word);
   std::uint64_t w = st.load(cuda::memory_order_relaxed);
@@ -240,7 +254,12 @@ struct page_cache_ref {
 
   //! The hit path: pin the page of `key` if it is in the cache (one round
   //! trip to read its set, one atomic add). No page_request, no fence.
-  BAM_DEVICE pin_result pin(std::uint64_t key, bool for_write) const;
+  BAM_DEVICE pin_result pin(std::uint64_t key, bool for_write) const { return pin(key, for_write, 0, 0); }
+  //! The same; when the page is found, bytes [prefetch_from, prefetch_from +
+  //! prefetch_bytes) of its slot are asked into L2 (a hint, no load) while
+  //! the pin's atomic is in flight, so the reads after the pin find them there.
+  BAM_DEVICE pin_result pin(std::uint64_t key, bool for_write, std::uint32_t prefetch_from,
+                            std::uint32_t prefetch_bytes) const;
   //! Pin `slot` for reading if it still holds the valid page of `key` (one
   //! atomic, no lookup): hit, or retry (nothing held) when it does not.
   BAM_DEVICE pin_result pin_slot(std::uint32_t slot, std::uint64_t key) const;
@@ -276,7 +295,8 @@ BAM_DEVICE inline void page_cache_ref::count(unsigned which) const {
       .fetch_add(1, cuda::memory_order_relaxed);
 }
 
-BAM_DEVICE inline pin_result page_cache_ref::pin(std::uint64_t key, bool for_write) const {
+BAM_DEVICE inline pin_result page_cache_ref::pin(std::uint64_t key, bool for_write, std::uint32_t prefetch_from,
+                                                 std::uint32_t prefetch_bytes) const {
   using namespace detail;
   const std::uint64_t tag = key + 1;
   const std::uint64_t base = set_of(key) * ways;
@@ -292,6 +312,7 @@ BAM_DEVICE inline pin_result page_cache_ref::pin(std::uint64_t key, bool for_wri
     for (std::uint32_t k = 0; k < batch; ++k)
       if (w == ~0u && (words[k] >> slot_tag_shift) == tag && (words[k] & slot_error) == 0) w = w0 + k;
     if (w == ~0u) continue;
+    if (prefetch_bytes != 0) prefetch_l2(page_data(static_cast<std::uint32_t>(base + w)) + prefetch_from, prefetch_bytes);
     // One atomic add pins it (never retried like a compare-and-swap); if the
     // slot changed since it was read, the add is taken back.
     dev_atomic<std::uint64_t> st(slots[base + w]);
