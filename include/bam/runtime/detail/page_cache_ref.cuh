@@ -121,10 +121,6 @@ struct wait_marker {
   bool on_io = false;
 };
 
-//! A write-back of the slot failed: dirty again, not a victim until a flush
-//! succeeds, and busy no more unless `keep_busy` (a write that timed out may
-//! still read the slot). One atomic step, so that no one sees the slot
-//! half-marked (lost, or clean and free).
 //! Ask bytes [p, p + bytes) into L2 (16-byte aligned, a multiple of 16): a
 //! hint that loads nothing; one bulk request on sm_90 and later.
 BAM_DEVICE inline void prefetch_l2(const void* p, std::uint32_t bytes) {
@@ -139,6 +135,10 @@ BAM_DEVICE inline void prefetch_l2(const void* p, std::uint32_t bytes) {
 #endif
 }
 
+//! A write-back of the slot failed: dirty again, not a victim until a flush
+//! succeeds, and busy no more unless `keep_busy` (a write that timed out may
+//! still read the slot). One atomic step, so that no one sees the slot
+//! half-marked (lost, or clean and free).
 BAM_DEVICE inline void mark_writeback_failed(std::uint64_t* slot_word, bool keep_busy) {
   dev_atomic<std::uint64_t> st(*slot_word);
   std::uint64_t w = st.load(cuda::memory_order_relaxed);
