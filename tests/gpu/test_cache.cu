@@ -58,6 +58,32 @@ bam::emu::fault_rule failing_writes(std::uint64_t lo, std::uint64_t hi) {
   return r;
 }
 
+//! The slot of element `i`'s page (brought in), to `out`.
+__global__ void slot_of_kernel(bam::array_ref<std::uint32_t> a, std::uint64_t i, std::uint32_t* out) {
+  std::uint32_t slot = ~0u;
+  const bool arrived = a.prefetch(i, true, &slot);
+  if (threadIdx.x == 0) *out = arrived ? slot : ~0u;
+}
+
+//! Adds `delta` (two's complement) to the state word of `slot` and returns
+//! the word as it was.
+__global__ void add_to_slot_kernel(bam::page_cache_ref c, std::uint32_t slot, std::uint64_t delta,
+                                   unsigned long long* before) {
+  *before = atomicAdd(reinterpret_cast<unsigned long long*>(&c.slots[slot]), static_cast<unsigned long long>(delta));
+}
+
+//! Every thread pins the page of `key` in `slot` and keeps what it gets:
+//! even threads by a lookup (`pin`), odd ones by the slot (`pin_slot`).
+//! done: pins taken; errors: outcomes other than a pin or a refusal.
+__global__ void pin_crowd_kernel(bam::page_cache_ref c, std::uint32_t slot, std::uint64_t key, counters* out) {
+  const std::uint64_t tid = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
+  const bam::pin_result r = tid % 2 == 0 ? c.pin(key, false) : c.pin_slot(slot, key);
+  if (r.state == bam::pin_state::hit && r.slot == slot)
+    atomicAdd(&out->done, 1ull);
+  else if (r.state != bam::pin_state::retry)
+    atomicAdd(&out->errors, 1ull);
+}
+
 } // namespace
 
 TEST_CASE("a neighbour's failed write-back does not fail a read, and is reported", "[gpu][cache]") {
@@ -514,4 +540,52 @@ TEST_CASE("arrays that overlap share pages when both are page aligned, and are r
   BAM_TEST_SYNC();
   REQUIRE_NOTHROW(b.check());
   CHECK(c.get().bad == 0);
+}
+
+TEST_CASE("a page pinned up to the limit refuses more pins and its count never reaches the state bits",
+          "[gpu][cache]") {
+  using bam::detail::slot_pin_limit;
+  using bam::detail::slot_pin_mask;
+  bam::storage s("emu-gpu:hbm=4M,queues=4,depth=16");
+  bam_test::fill_pattern(s);
+  bam::page_cache cache({.page_size = 4096, .capacity = 64 * 4096});
+  bam::array<std::uint32_t> a(cache, s, (4ull << 20) / 4);
+  bam::device_buffer<std::uint32_t> d_slot(1);
+  slot_of_kernel<<<1, 32>>>(a.ref(), 5000, d_slot.get());
+  BAM_TEST_SYNC();
+  std::uint32_t slot = 0;
+  bam::copy_to_host(&slot, d_slot.get(), 1);
+  REQUIRE(slot < cache.ref().nslots);
+  // 40 pins short of the limit; then 4096 threads ask for one each at once.
+  constexpr std::uint64_t room = 40;
+  bam::device_buffer<unsigned long long> d_word(1);
+  add_to_slot_kernel<<<1, 1>>>(cache.ref(), slot, slot_pin_limit - room, d_word.get());
+  BAM_TEST_SYNC();
+  unsigned long long start = 0;
+  bam::copy_to_host(&start, d_word.get(), 1);
+  REQUIRE((start & slot_pin_mask) == 0); // nothing held it
+  device_counters c;
+  const bam::array_ref<std::uint32_t> ar = a.ref();
+  const std::uint64_t key = bam::page_cache_ref::make_key(ar.space, ar.first_page + (5000 >> ar.elem_shift));
+  pin_crowd_kernel<<<32, 128>>>(cache.ref(), slot, key, c.ptr());
+  BAM_TEST_SYNC();
+  const counters got = c.get();
+  CHECK(got.errors == 0); // nobody saw the page loading or gone
+  CHECK(got.done >= 1);
+  CHECK(got.done <= room);
+  // Take every pin back: the word was as it should be, its state bits untouched.
+  add_to_slot_kernel<<<1, 1>>>(cache.ref(), slot, 0 - (slot_pin_limit - room + got.done), d_word.get());
+  BAM_TEST_SYNC();
+  unsigned long long held = 0;
+  bam::copy_to_host(&held, d_word.get(), 1);
+  CHECK((held & slot_pin_mask) == slot_pin_limit - room + got.done);
+  constexpr unsigned long long moving = slot_pin_mask | bam::detail::slot_referenced;
+  CHECK((held & ~moving) == (start & ~moving));
+  // And the page still reads right.
+  device_counters r;
+  pages_kernel<<<1, 1>>>(a.ref(), 4, 1, 1024, false, 0, layout{0, 4096, s.lba_size(), 1}, r.ptr());
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(a.check());
+  CHECK(r.get().done == 1);
+  CHECK(r.get().bad == 0);
 }

@@ -153,6 +153,38 @@ __global__ void hot_row_sum_kernel(bam::array_ref<std::uint32_t> a, bam::hot_row
   }
 }
 
+//! One warp holds the pages of rows 0..31 (rows of `width` elements, every
+//! lane one) as a 32-row gather does. out[0]: whether it holds them all;
+//! out[1]: the most pins one of those pages holds meanwhile; out[2]: the
+//! most after the owners let go.
+__global__ void held_pins_kernel(bam::array_ref<std::uint32_t> a, std::uint64_t width, unsigned long long* out) {
+  const unsigned lane = threadIdx.x % 32;
+  bam::detail::row_pins pins;
+  const bool holding = bam::detail::hold_row_pages(a, lane * width, width, true, pins);
+  auto most_pins = [&] {
+    unsigned long long most = 0;
+    for (int k = 0; k < 2; ++k) {
+      const std::uint64_t w = bam::detail::dev_atomic<std::uint64_t>(a.cache.slots[pins.slot[k]]).load(cuda::memory_order_relaxed);
+      const unsigned long long n = pins.held[k] ? (w & bam::detail::slot_pin_mask) : 0;
+      most = n > most ? n : most;
+    }
+    return __reduce_max_sync(0xffffffffu, static_cast<unsigned>(most));
+  };
+  __syncwarp();
+  const unsigned during = most_pins();
+  __syncwarp();
+  for (int k = 0; k < 2; ++k)
+    if (pins.own[k]) a.cache.release(pins.slot[k]);
+  __syncwarp();
+  __threadfence();
+  const unsigned after = most_pins();
+  if (lane == 0) {
+    out[0] = holding;
+    out[1] = during;
+    out[2] = after;
+  }
+}
+
 } // namespace
 
 TEST_CASE("a hot set serves its rows from host memory, the others through the cache", "[gpu][row_gather]") {
@@ -329,6 +361,27 @@ TEST_CASE("gather_rows, 32 rows per warp: a cache smaller than a warp's pages, o
     CHECK(bad == 0);
   }
   BAM_CUDA_TRY(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("the rows of one warp on one page hold one pin of it between them", "[gpu][row_gather]") {
+  bam::storage s(hbm(8, 1));
+  bam_test::fill_pattern(s);
+  bam::page_cache cache({.page_size = 4096, .capacity = 1 << 20});
+  bam::array<std::uint32_t> a(cache, s, (4ull << 20) / 4);
+  bam::device_buffer<unsigned long long> out(3);
+  // 8 elements: all 32 rows on page 0. 100: about ten rows a page, each
+  // page a row's first page and the one before's last.
+  const std::uint64_t width = GENERATE(8, 100);
+  held_pins_kernel<<<1, 32>>>(a.ref(), width, out.get());
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(a.check());
+  unsigned long long got[3];
+  bam::copy_to_host(got, out.get(), 3);
+  INFO("width " << width);
+  CHECK(got[0] == 1);
+  CHECK(got[1] >= 1);
+  CHECK(got[1] <= 2);
+  CHECK(got[2] == 0);
 }
 
 TEST_CASE("gather_row from a user kernel: every row summed", "[gpu][row_gather]") {

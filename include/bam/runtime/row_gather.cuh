@@ -125,11 +125,30 @@ inline constexpr unsigned gather_block_threads = 256;
 //! Blocks of `gather_rows_kernel` at most: warps loop over the rows beyond.
 inline constexpr unsigned gather_max_blocks = 1u << 15;
 
-//! Pins a lane holds on the pages of its row (see `hold_row_pages`).
+//! The pages of a lane's row (see `hold_row_pages`): held, and whether
+//! this lane owns the pin (lanes on one page share one, held by the lowest).
 struct row_pins {
   std::uint32_t slot[2] = {0, 0};
   bool held[2] = {false, false};
+  bool own[2] = {false, false};
 };
+
+//! Lanes that `want` page `key` (arrived in `slot`) pin it once, by their
+//! lowest lane, so that a warp adds one pin to a page however many of its
+//! rows lie there. Every lane of the group gets the pin's result; `owner`
+//! says whether this lane holds it (and releases it).
+template <class T>
+BAM_DEVICE pin_result pin_shared(const array_ref<T>& a, bool want, std::uint32_t slot, std::uint64_t key, bool& owner) {
+  constexpr unsigned full = 0xffffffffu;
+  const unsigned lane = lane_id();
+  // A lane that wants nothing is a group of its own (keys are below 2^41).
+  const unsigned peers = __match_any_sync(full, want ? key : ~0ull - lane);
+  const unsigned leader = __ffs(peers) - 1;
+  pin_result r{0, pin_state::retry};
+  if (want && lane == leader) r = a.cache.pin_slot(slot, key);
+  owner = want && lane == leader && r.state == pin_state::hit;
+  return {__shfl_sync(full, r.slot, leader), static_cast<pin_state>(__shfl_sync(full, static_cast<unsigned>(r.state), leader))};
+}
 
 //! Every lane of the warp brings in the first page of its row (`cold`: a
 //! row read through the cache), the warp's misses together, then the last
@@ -150,19 +169,15 @@ BAM_DEVICE bool hold_row_pages(const array_ref<T>& a, std::uint64_t first, std::
   if (!__all_sync(full, pages <= 2)) return false; // wide rows: copy_to reads their pages together itself
   // The slots pin_slot returns carry a dependency on the pin: the page's
   // data is read only after it.
-  if (arrived0) {
-    const pin_result r = a.cache.pin_slot(s0, a.key_of(first));
-    p.held[0] = r.state == pin_state::hit;
-    p.slot[0] = r.slot;
-  }
-  if (arrived1) {
-    const pin_result r = a.cache.pin_slot(s1, a.key_of(last));
-    p.held[1] = r.state == pin_state::hit;
-    p.slot[1] = r.slot;
-  }
+  const pin_result r0 = pin_shared(a, arrived0, s0, a.key_of(first), p.own[0]);
+  const pin_result r1 = pin_shared(a, arrived1, s1, a.key_of(last), p.own[1]);
+  p.held[0] = arrived0 && r0.state == pin_state::hit;
+  p.slot[0] = r0.slot;
+  p.held[1] = arrived1 && r1.state == pin_state::hit;
+  p.slot[1] = r1.slot;
   if (__all_sync(full, !cold || (p.held[0] && (pages < 2 || p.held[1])))) return true;
   for (int k = 0; k < 2; ++k)
-    if (p.held[k]) a.cache.release(p.slot[k]);
+    if (p.own[k]) a.cache.release(p.slot[k]);
   p = row_pins{};
   return false;
 }
@@ -218,7 +233,7 @@ __global__ void __launch_bounds__(gather_block_threads)
     // The pins go once every lane's reads of the pages have arrived.
     token = __reduce_or_sync(full, token);
     for (int k = 0; k < 2; ++k)
-      if (pins.held[k]) a.cache.release_read(pins.slot[k], token);
+      if (pins.own[k]) a.cache.release_read(pins.slot[k], token);
   }
 }
 

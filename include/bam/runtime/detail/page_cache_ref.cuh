@@ -48,6 +48,13 @@ namespace bam {
 namespace detail {
 
 inline constexpr std::uint64_t slot_pin_mask = 0xffffull;
+//! A pin is refused (its add taken back at once) when the page holds this
+//! many already. Adds past the limit are only those in flight before being
+//! taken back. The library's paths make them per warp, not per lane (lanes
+//! on one page share its pin; a row gather pins a page twice at most), and a
+//! GPU holds far fewer than (0xffff - limit) / 2 warps (an H100: 8448), so
+//! the count never carries into the state bits above it.
+inline constexpr std::uint64_t slot_pin_limit = 0x8000ull;
 inline constexpr std::uint64_t slot_valid = 1ull << 16;
 inline constexpr std::uint64_t slot_busy = 1ull << 17;       //!< loading, or being written back
 inline constexpr std::uint64_t slot_dirty = 1ull << 18;
@@ -317,7 +324,7 @@ BAM_DEVICE inline pin_result page_cache_ref::pin(std::uint64_t key, bool for_wri
     // slot changed since it was read, the add is taken back.
     dev_atomic<std::uint64_t> st(slots[base + w]);
     const std::uint64_t old = st.fetch_add(1, cuda::memory_order_relaxed);
-    if ((old >> slot_tag_shift) != tag || (old & slot_error) != 0 || (old & slot_pin_mask) == slot_pin_mask) {
+    if ((old >> slot_tag_shift) != tag || (old & slot_error) != 0 || (old & slot_pin_mask) >= slot_pin_limit) {
       st.fetch_sub(1, cuda::memory_order_relaxed);
       return {0, pin_state::retry};
     }
@@ -337,7 +344,7 @@ BAM_DEVICE inline pin_result page_cache_ref::pin_slot(std::uint32_t slot, std::u
   dev_atomic<std::uint64_t> st(slots[slot]);
   const std::uint64_t old = st.fetch_add(1, cuda::memory_order_relaxed);
   if ((old >> slot_tag_shift) != key + 1 || (old & (slot_valid | slot_error)) != slot_valid ||
-      (old & slot_pin_mask) == slot_pin_mask) {
+      (old & slot_pin_mask) >= slot_pin_limit) {
     st.fetch_sub(1, cuda::memory_order_relaxed);
     return {0, pin_state::retry};
   }
