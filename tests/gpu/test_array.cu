@@ -565,6 +565,81 @@ TEST_CASE("prefetch brings a warp's pages in together and records nothing for ba
   CHECK(after.misses - before.misses == good);
 }
 
+namespace {
+
+//! Warp w takes pages w, w + warps, ...: reads each whole page with a[i]
+//! (the warp on one page), copies it with copy_to, reads it through a page
+//! handle, and looks it up both ways: `pin` by one lane (a scan of the set)
+//! and `pin_warp` (a way per lane), which must agree. done: pages looked up
+//! and found; errors: lookups that disagree; `high`: pages found in way 32
+//! or above.
+__global__ void one_page_warps_kernel(bam::array_ref<std::uint32_t> a, layout l, std::uint64_t pages,
+                                      std::uint32_t* scratch, counters* c, unsigned long long* high_ways) {
+  const std::uint64_t warp = (blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x) / 32;
+  const std::uint64_t warps = static_cast<std::uint64_t>(gridDim.x) * blockDim.x / 32;
+  const unsigned lane = threadIdx.x % 32;
+  const std::uint64_t per_page = 1ull << a.elem_shift;
+  std::uint32_t* out = scratch + warp * per_page;
+  unsigned long long bad = 0, found = 0, disagree = 0, high = 0;
+  for (std::uint64_t p = warp; p < pages; p += warps) {
+    const std::uint64_t base = p * per_page;
+    for (std::uint64_t k = lane; k < per_page; k += 32) bad += a[base + k] != l.expected(base + k);
+    a.copy_to(base, per_page, out);
+    __syncwarp();
+    for (std::uint64_t k = lane; k < per_page; k += 32) bad += out[k] != l.expected(base + k);
+    __syncwarp();
+    {
+      auto pg = a.page(base + lane);
+      for (std::uint64_t k = lane; k < per_page; k += 32) bad += pg[base + k] != l.expected(base + k);
+    }
+    const std::uint64_t key = a.key_of(base);
+    bam::pin_result one{0, bam::pin_state::miss};
+    if (lane == 0) one = a.cache.pin(key, false);
+    const bam::pin_result all = a.cache.pin_warp(key, 0, 0);
+    if (lane == 0) {
+      const bool hit1 = one.state == bam::pin_state::hit, hit2 = all.state == bam::pin_state::hit;
+      disagree += hit1 != hit2 || (hit1 && one.slot != all.slot);
+      found += hit2;
+      high += hit2 && all.slot % a.cache.ways >= 32;
+      if (hit1) a.cache.release(one.slot);
+      if (hit2) a.cache.release(all.slot);
+    }
+  }
+  if (bad) atomicAdd(&c->bad, bad);
+  if (found) atomicAdd(&c->done, found);
+  if (disagree) atomicAdd(&c->errors, disagree);
+  if (high) atomicAdd(high_ways, high);
+}
+
+} // namespace
+
+TEST_CASE("a warp on one page finds it in any way of its set: 1 8 and 64 ways", "[gpu][array]") {
+  const std::uint32_t ways = GENERATE(1u, 8u, 64u);
+  bam::storage s(dev_string("hbm", 32, 1));
+  bam_test::fill_pattern(s);
+  // 16 sets; the pages fit the cache but not evenly its sets, so some are
+  // evicted while others stay: every lookup must agree either way.
+  bam::page_cache cache({.page_size = 4096, .capacity = 16ull * ways * 4096, .ways = ways});
+  bam::array<std::uint32_t> a(cache, s, (32ull << 20) / 4);
+  const std::uint64_t pages = 12ull * ways;
+  bam::device_buffer<std::uint32_t> scratch(8 * 1024);
+  bam::device_buffer<unsigned long long> high(1);
+  const unsigned long long zero = 0;
+  bam::copy_to_device(high.get(), &zero, 1);
+  device_counters c;
+  one_page_warps_kernel<<<8, 32>>>(a.ref(), layout{0, 4096, 512, 1}, pages, scratch.get(), c.ptr(), high.get());
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(a.check());
+  const counters got = c.get();
+  INFO(ways << " ways");
+  CHECK(got.bad == 0);
+  CHECK(got.errors == 0);
+  CHECK(got.done >= pages / 2); // most pages are still there when looked up
+  unsigned long long in_high_ways = 0;
+  bam::copy_to_host(&in_high_ways, high.get(), 1);
+  if (ways == 64) CHECK(in_high_ways > 0); // the warp's second round of ways was used
+}
+
 TEST_CASE("a cache with one way per set", "[gpu][array]") {
   bam::storage s(dev_string("hbm", 32, 1));
   bam_test::fill_pattern(s);

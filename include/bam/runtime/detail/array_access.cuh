@@ -225,7 +225,20 @@ BAM_DEVICE T array_ref<T>::access(std::uint64_t i, const T* value) const {
   const unsigned peers = same_value_lanes(mask, key);
   const unsigned leader = __ffs(peers) - 1;
   pin_result p{0, pin_state::miss};
-  if (lane == leader && in_range) p = cache.pin(key, value != nullptr);
+  if (value == nullptr && in_range && mask == 0xffffffffu && peers == mask) {
+    // The whole warp on one page (consecutive elements): every lane reads a
+    // way of the set, and on a hit the read needs no call.
+    p = cache.pin_warp(key, 0, 0);
+    if (p.state == pin_state::hit) {
+      const T v = load_uncached(element(p.slot, i));
+      const unsigned token = __reduce_or_sync(mask, dependency_token(first_word(v), cache.zero));
+      if (lane == leader) cache.release_read(p.slot, token);
+      return v;
+    }
+    if (lane != leader) p = pin_result{0, pin_state::miss};
+  } else if (lane == leader && in_range) {
+    p = cache.pin(key, value != nullptr);
+  }
   return access_slow(i, value, mask, peers, leader, p);
 }
 
@@ -384,7 +397,14 @@ BAM_DEVICE bool array_ref<T>::copy_to(std::uint64_t begin, std::uint64_t count, 
   const std::uint64_t my_page = first + lane;
   const std::uint64_t per_page = 1ull << elem_shift;
   pin_result p{0, pin_state::miss};
-  if (my_page <= last) {
+  if (first == last) {
+    // One page: the whole warp looks it up (a way per lane), lane 0 keeps the pin.
+    const std::uint32_t from = static_cast<std::uint32_t>(((begin & (per_page - 1)) * sizeof(T)) & ~std::uint64_t{15});
+    const std::uint64_t hi = (((begin + count - 1) & (per_page - 1)) + 1) * sizeof(T);
+    const std::uint32_t bytes = static_cast<std::uint32_t>(((hi + 15) & ~std::uint64_t{15}) - from);
+    const pin_result w = cache.pin_warp(page_cache_ref::make_key(space, first_page + first), from, bytes);
+    if (lane == 0) p = w;
+  } else if (my_page <= last) {
     // The bytes of this page the range covers, in 16-byte units, asked into
     // L2 while the pin is in flight.
     const std::uint64_t lo = my_page == first ? (begin & (per_page - 1)) * sizeof(T) : 0;
@@ -563,7 +583,13 @@ public:
     const unsigned peers = same_value_lanes(mask_, key);
     const unsigned leader = __ffs(peers) - 1;
     pin_result p{0, pin_state::miss};
-    if (lane == leader && in_range) p = a.cache.pin(key, false);
+    if (in_range && mask_ == 0xffffffffu && peers == mask_) {
+      // The whole warp on one page: every lane reads a way of the set.
+      p = a.cache.pin_warp(key, 0, 0);
+      if (lane != leader) p.slot = 0;
+    } else if (lane == leader && in_range) {
+      p = a.cache.pin(key, false);
+    }
     unsigned state = __shfl_sync(mask_, static_cast<unsigned>(p.state), leader);
     if (!__all_sync(mask_, in_range && state == static_cast<unsigned>(pin_state::hit))) {
       // Bring every page in (pins let go), then pin them all at the slots

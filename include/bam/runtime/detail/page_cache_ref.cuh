@@ -267,6 +267,10 @@ struct page_cache_ref {
   //! the pin's atomic is in flight, so the reads after the pin find them there.
   BAM_DEVICE pin_result pin(std::uint64_t key, bool for_write, std::uint32_t prefetch_from,
                             std::uint32_t prefetch_bytes) const;
+  //! `pin` for reading by the whole warp (converged, one `key`): each lane
+  //! reads a way of the set, one lane pins what they found. Every lane gets
+  //! the result; the pin is one, and the caller releases it once.
+  BAM_DEVICE pin_result pin_warp(std::uint64_t key, std::uint32_t prefetch_from, std::uint32_t prefetch_bytes) const;
   //! Pin `slot` for reading if it still holds the valid page of `key` (one
   //! atomic, no lookup): hit, or retry (nothing held) when it does not.
   BAM_DEVICE pin_result pin_slot(std::uint32_t slot, std::uint64_t key) const;
@@ -282,6 +286,8 @@ struct page_cache_ref {
   BAM_DEVICE void count(unsigned which) const;
 
 private:
+  BAM_DEVICE pin_result take_pin(std::uint32_t s, std::uint64_t tag, bool for_write, std::uint32_t prefetch_from,
+                                 std::uint32_t prefetch_bytes) const;
   BAM_DEVICE bool step(detail::page_request& r) const;
   BAM_DEVICE void finish_io(detail::page_request& r) const;
   BAM_DEVICE void start_load(detail::page_request& r, std::uint32_t slot) const;
@@ -319,22 +325,49 @@ BAM_DEVICE inline pin_result page_cache_ref::pin(std::uint64_t key, bool for_wri
     for (std::uint32_t k = 0; k < batch; ++k)
       if (w == ~0u && (words[k] >> slot_tag_shift) == tag && (words[k] & slot_error) == 0) w = w0 + k;
     if (w == ~0u) continue;
-    if (prefetch_bytes != 0) prefetch_l2(page_data(static_cast<std::uint32_t>(base + w)) + prefetch_from, prefetch_bytes);
-    // One atomic add pins it (never retried like a compare-and-swap); if the
-    // slot changed since it was read, the add is taken back.
-    dev_atomic<std::uint64_t> st(slots[base + w]);
-    const std::uint64_t old = st.fetch_add(1, cuda::memory_order_relaxed);
-    if ((old >> slot_tag_shift) != tag || (old & slot_error) != 0 || (old & slot_pin_mask) >= slot_pin_limit) {
-      st.fetch_sub(1, cuda::memory_order_relaxed);
-      return {0, pin_state::retry};
-    }
-    if ((old & slot_referenced) == 0) st.fetch_or(slot_referenced, cuda::memory_order_relaxed);
-    // Relaxed: the slot index carries a dependency on the pinned word, so the
-    // data is read only after the pin is in place (and the page valid).
-    const std::uint32_t slot = static_cast<std::uint32_t>(base + w) + dependency_token(static_cast<unsigned>(old), zero);
-    if ((old & slot_valid) == 0) return {slot, pin_state::loading};
-    if (for_write && (old & slot_dirty) == 0) st.fetch_or(slot_dirty, cuda::memory_order_relaxed);
-    return {slot, pin_state::hit};
+    return take_pin(static_cast<std::uint32_t>(base + w), tag, for_write, prefetch_from, prefetch_bytes);
+  }
+  return {0, pin_state::miss};
+}
+
+BAM_DEVICE inline pin_result page_cache_ref::take_pin(std::uint32_t s, std::uint64_t tag, bool for_write,
+                                                      std::uint32_t prefetch_from, std::uint32_t prefetch_bytes) const {
+  using namespace detail;
+  if (prefetch_bytes != 0) prefetch_l2(page_data(s) + prefetch_from, prefetch_bytes);
+  // One atomic add pins it (never retried like a compare-and-swap); if the
+  // slot changed since it was read, the add is taken back.
+  dev_atomic<std::uint64_t> st(slots[s]);
+  const std::uint64_t old = st.fetch_add(1, cuda::memory_order_relaxed);
+  if ((old >> slot_tag_shift) != tag || (old & slot_error) != 0 || (old & slot_pin_mask) >= slot_pin_limit) {
+    st.fetch_sub(1, cuda::memory_order_relaxed);
+    return {0, pin_state::retry};
+  }
+  if ((old & slot_referenced) == 0) st.fetch_or(slot_referenced, cuda::memory_order_relaxed);
+  // Relaxed: the slot index carries a dependency on the pinned word, so the
+  // data is read only after the pin is in place (and the page valid).
+  const std::uint32_t slot = s + dependency_token(static_cast<unsigned>(old), zero);
+  if ((old & slot_valid) == 0) return {slot, pin_state::loading};
+  if (for_write && (old & slot_dirty) == 0) st.fetch_or(slot_dirty, cuda::memory_order_relaxed);
+  return {slot, pin_state::hit};
+}
+
+BAM_DEVICE inline pin_result page_cache_ref::pin_warp(std::uint64_t key, std::uint32_t prefetch_from,
+                                                      std::uint32_t prefetch_bytes) const {
+  using namespace detail;
+  constexpr unsigned full = 0xffffffffu;
+  const unsigned lane = lane_id();
+  const std::uint64_t tag = key + 1;
+  const std::uint64_t base = set_of(key) * ways;
+  for (std::uint32_t w0 = 0; w0 < ways; w0 += 32) {
+    // Lane k reads way w0 + k: the set in one request.
+    const std::uint32_t w = w0 + lane;
+    const std::uint64_t word = w < ways ? dev_atomic<std::uint64_t>(slots[base + w]).load(cuda::memory_order_relaxed) : 0;
+    const unsigned found = __ballot_sync(full, w < ways && (word >> slot_tag_shift) == tag && (word & slot_error) == 0);
+    if (found == 0) continue;
+    const unsigned k = __ffs(found) - 1;
+    pin_result r{0, pin_state::retry};
+    if (lane == k) r = take_pin(static_cast<std::uint32_t>(base + w), tag, false, prefetch_from, prefetch_bytes);
+    return {__shfl_sync(full, r.slot, k), static_cast<pin_state>(__shfl_sync(full, static_cast<unsigned>(r.state), k))};
   }
   return {0, pin_state::miss};
 }
