@@ -55,13 +55,19 @@ struct workload {
   std::uint32_t verify_all = 0; //!< range mode: check every word copied (default: the first of every 512 bytes)
 };
 
+//! The op is a read: from the low 32 bits of its hash (the unit comes from
+//! the high ones).
 __device__ inline bool is_read(const workload& w, std::uint64_t h) {
-  return w.read_percent >= 100 || (h >> 40) % 100 < w.read_percent;
+  return w.read_percent >= 100 || static_cast<std::uint32_t>(h) % 100u < w.read_percent;
 }
+//! The unit (command or page) of an op. Random: the high bits of its hash
+//! scaled to [0, span_units) with one multiply. A 64-bit modulo is a call of
+//! about a hundred instructions on a GPU, which a warp that handles one page
+//! at a time would wait through on every op.
 __device__ inline std::uint64_t unit_of(const workload& w, std::uint64_t id, std::uint64_t op, std::uint64_t total_ids,
                                         std::uint64_t h) {
   if (w.sequential) return (op * total_ids + id) % w.span_units;
-  return h % w.span_units;
+  return __umul64hi(h, w.span_units);
 }
 
 // ---- raw queues ---------------------------------------------------------------
@@ -116,7 +122,9 @@ enum class array_mode : int { element = 0, reader = 1, range = 2, page = 3, span
 //! pattern_word(p % nctrl, ((p / nctrl) << page_shift | k) * 4): one value
 //! per page (`page_base`) and an add per word.
 __device__ inline std::uint32_t page_base(std::uint64_t p, std::uint32_t page_shift, std::uint32_t nctrl) {
-  return pattern_word(static_cast<std::uint32_t>(p % nctrl), ((p / nctrl) << page_shift) * 4);
+  // 32-bit division where the page number fits (see unit_of).
+  const std::uint64_t q = nctrl == 1 ? p : p <= 0xffffffffu ? static_cast<std::uint32_t>(p) / nctrl : p / nctrl;
+  return pattern_word(static_cast<std::uint32_t>(p - q * nctrl), (q << page_shift) * 4);
 }
 
 //! Every warp visits `ops_per_thread` pages: reads (or writes) every element
