@@ -15,6 +15,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -469,4 +470,174 @@ TEST_CASE("gather_rows over the CPU engine: host RAM and a file, on a stream of 
     BAM_CUDA_TRY(cudaStreamDestroy(stream));
   }
   std::remove(path.c_str());
+}
+
+namespace {
+
+//! The cache's per-set hold counts and the pin count of every slot, read back.
+struct cache_snapshot {
+  std::vector<bam::detail::cache_set> sets;
+  std::vector<std::uint64_t> slots;
+  std::uint64_t held() const {
+    std::uint64_t n = 0;
+    for (const auto& s : sets)
+      n += s.held;
+    return n;
+  }
+  std::uint32_t most_held() const {
+    std::uint32_t m = 0;
+    for (const auto& s : sets)
+      m = std::max(m, s.held);
+    return m;
+  }
+  std::uint64_t pins() const {
+    std::uint64_t n = 0;
+    for (const std::uint64_t w : slots)
+      n += w & bam::detail::slot_pin_mask;
+    return n;
+  }
+};
+
+template <class T>
+cache_snapshot snapshot(const bam::array<T>& a, cudaStream_t stream) {
+  BAM_CUDA_TRY(cudaStreamSynchronize(stream));
+  const bam::page_cache_ref c = a.ref().cache;
+  cache_snapshot s;
+  s.sets.resize(c.nsets);
+  s.slots.resize(c.nslots);
+  BAM_CUDA_TRY(cudaMemcpy(s.sets.data(), c.sets, c.nsets * sizeof(bam::detail::cache_set), cudaMemcpyDeviceToHost));
+  BAM_CUDA_TRY(cudaMemcpy(s.slots.data(), c.slots, c.nslots * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
+  return s;
+}
+
+} // namespace
+
+TEST_CASE("row holds keep pages through a flood of misses, at most half a set's ways, until released",
+          "[gpu][row_gather][holds][sanitize]") {
+  constexpr std::uint32_t page = 4096;
+  bam::storage s(hbm(8, 1));
+  bam_test::fill_pattern(s);
+  // 64 slots in 8 sets of 8 ways: 32 holds at most, 4 per set.
+  bam::page_cache cache({.page_size = page, .capacity = 64 * page});
+  const std::uint64_t width = page / 4; // a row a page
+  const std::uint64_t n = (4ull << 20) / 4;
+  bam::array<std::uint32_t> a(cache, s, n);
+  const layout l{0, page, s.lba_size(), 1};
+  const std::uint64_t rows = n / width; // 1024
+  cudaStream_t stream;
+  BAM_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+  std::vector<std::uint64_t> first16(16);
+  for (std::uint64_t r = 0; r < 16; ++r)
+    first16[r] = r;
+  // Each id twice: a warp holds a page once however many of its rows lie there.
+  std::vector<std::uint64_t> twice = first16;
+  twice.insert(twice.end(), first16.begin(), first16.end());
+  std::sort(twice.begin(), twice.end());
+  bam::device_buffer<std::uint64_t> d_twice(twice.size());
+  bam::copy_to_device(d_twice.get(), twice.data(), twice.size());
+
+  bam::row_holds<std::uint32_t> holds(a);
+  CHECK(holds.capacity() == 32);
+  (void)gather(a, first16, width, stream, 1); // rows 0..15 now in the cache
+  holds.hold(d_twice.get(), twice.size(), width, stream);
+  const std::uint64_t held = holds.held(stream);
+  const cache_snapshot during = snapshot(a, stream);
+  INFO("held " << held);
+  CHECK(held >= 4); // 16 pages over 8 sets: only a set with more than 4 of them refuses some
+  CHECK(held <= 16);
+  CHECK(during.held() == held);
+  CHECK(during.most_held() <= bam::detail::hold_limit(8));
+  CHECK(during.pins() == held);
+
+  // Every row through the cache, 32 rows a warp: 16 times its size in misses.
+  const std::vector<std::uint64_t> all = every_row_shuffled(rows);
+  const std::vector<std::uint32_t> got = gather(a, all, width, stream, 32);
+  REQUIRE_NOTHROW(a.check(stream));
+  std::string first;
+  const std::uint64_t wrong = wrong_elements(l, all, width, got, first);
+  INFO("first wrong: " << first);
+  CHECK(wrong == 0);
+  // The held pages are still there: rows 0..15 again miss only where unheld.
+  const std::uint64_t misses0 = cache.counters(stream).misses;
+  const std::vector<std::uint32_t> again = gather(a, first16, width, stream, 1);
+  CHECK(cache.counters(stream).misses - misses0 == 16 - held);
+  CHECK(wrong_elements(l, first16, width, again, first) == 0);
+
+  holds.release(stream);
+  CHECK(holds.held(stream) == 0);
+  const cache_snapshot after = snapshot(a, stream);
+  CHECK(after.held() == 0);
+  CHECK(after.pins() == 0);
+
+  // Every page resident at once is held up to the limit, never past it; a
+  // gather of every row still completes with half of each set held.
+  const std::vector<std::uint64_t> some = every_row_shuffled(64);
+  (void)gather(a, some, width, stream, 1);
+  bam::device_buffer<std::uint64_t> d_all(all.size());
+  bam::copy_to_device(d_all.get(), all.data(), all.size());
+  holds.hold(d_all.get(), all.size(), width, stream);
+  const cache_snapshot full = snapshot(a, stream);
+  CHECK(full.most_held() <= bam::detail::hold_limit(8));
+  CHECK(full.held() == holds.held(stream));
+  const std::vector<std::uint32_t> got2 = gather(a, all, width, stream, 32);
+  REQUIRE_NOTHROW(a.check(stream));
+  CHECK(wrong_elements(l, all, width, got2, first) == 0);
+  holds.release(stream);
+  CHECK(snapshot(a, stream).pins() == 0);
+  BAM_CUDA_TRY(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("row holds: rows that straddle pages, ids out of range, gathers on other streams meanwhile",
+          "[gpu][row_gather][holds]") {
+  constexpr std::uint32_t page = 4096;
+  bam::storage s(hbm(8, 2));
+  bam_test::fill_pattern(s);
+  bam::page_cache cache({.page_size = page, .capacity = 256 * page});
+  const std::uint64_t width = 700; // 2800 bytes: most rows straddle a page boundary
+  const std::uint64_t n = (8ull << 20) / 4;
+  bam::array<std::uint32_t> a(cache, s, n);
+  const layout l{0, page, s.lba_size(), 2};
+  const std::uint64_t rows = n / width;
+  cudaStream_t hold_stream, gather_stream;
+  BAM_CUDA_TRY(cudaStreamCreateWithFlags(&hold_stream, cudaStreamNonBlocking));
+  BAM_CUDA_TRY(cudaStreamCreateWithFlags(&gather_stream, cudaStreamNonBlocking));
+  {
+    bam::row_holds<std::uint32_t> holds(a);
+    CHECK_THROWS_WITH(holds.hold(static_cast<const std::uint64_t*>(nullptr), 1, 0, hold_stream),
+                      ContainsSubstring("row width 0"));
+    std::vector<std::uint64_t> ids = every_row_shuffled(rows);
+    (void)gather(a, ids, width, gather_stream, 32); // every row once: the cache full
+    ids.push_back(rows);      // past the last whole row: holds nothing
+    ids.push_back(~0ull - 1); // far past it
+    bam::device_buffer<std::uint64_t> d_ids(ids.size());
+    bam::copy_to_device(d_ids.get(), ids.data(), ids.size());
+    // Holds taken on one stream while every row is gathered on another, again and again.
+    std::vector<std::uint64_t> valid(ids.begin(), ids.end() - 2);
+    bam::device_buffer<std::uint64_t> d_valid(valid.size());
+    bam::copy_to_device(d_valid.get(), valid.data(), valid.size());
+    bam::device_buffer<std::uint32_t> out(valid.size() * width);
+    for (int round = 0; round < 4; ++round) {
+      holds.hold(d_ids.get(), ids.size(), width, hold_stream);
+      bam::gather_rows(a, d_valid.get(), valid.size(), width, out.get(), gather_stream);
+      holds.release(hold_stream);
+    }
+    BAM_CUDA_TRY(cudaStreamSynchronize(hold_stream));
+    REQUIRE_NOTHROW(a.check(gather_stream)); // the out-of-range ids were only held (not), never read
+    std::vector<std::uint32_t> got(valid.size() * width);
+    bam::copy_to_host(got.data(), out.get(), got.size());
+    std::string first;
+    const std::uint64_t wrong = wrong_elements(l, valid, width, got, first);
+    INFO("first wrong: " << first);
+    CHECK(wrong == 0);
+    // Held once more, then the destructor lets go.
+    holds.hold(d_ids.get(), ids.size(), width, hold_stream);
+    CHECK(holds.held(hold_stream) > 0);
+    CHECK(snapshot(a, hold_stream).most_held() <= bam::detail::hold_limit(8));
+  }
+  const cache_snapshot after = snapshot(a, hold_stream);
+  CHECK(after.held() == 0);
+  CHECK(after.pins() == 0);
+  BAM_CUDA_TRY(cudaStreamDestroy(hold_stream));
+  BAM_CUDA_TRY(cudaStreamDestroy(gather_stream));
 }

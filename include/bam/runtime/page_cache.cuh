@@ -4,7 +4,7 @@
 //!
 //!  - Page size 512 B – 64 KiB (a power of two, at least the LBA size);
 //!    capacity chosen by the user. Metadata exists for cache slots only (an
-//!    8-byte state word and a 2-byte status per slot, 20 bytes per set of
+//!    8-byte state word and a 2-byte status per slot, 24 bytes per set of
 //!    `ways` slots), so the size of the storage does not matter.
 //!  - Set-associative: a page maps to one set (hash of its key) and lives in
 //!    any of its ways; clock eviction inside the set; a pinned, loading or

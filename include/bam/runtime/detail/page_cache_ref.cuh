@@ -11,6 +11,9 @@
 //!    waits for that page's load; a warp never waits for a cache slot while
 //!    it holds a pin (accesses release their pins before they wait again).
 //!    Loads complete as the controller makes progress, so every pin ends.
+//!    Look-ahead holds (`hold`) are the exception: pins that last until
+//!    their owner drops them, at most half the ways of a set, so the
+//!    other half is always there for misses.
 //!  - Misses on a set take a ticket and claim victims in ticket order (one
 //!    holder of the set's turn at a time; it keeps the turn until a slot is
 //!    free). So a warp that needs a slot gets one: after the misses ahead of
@@ -92,7 +95,14 @@ struct cache_set {
   //! written by the turn holder only (ordered by the turn).
   std::uint32_t doomed;
   std::uint32_t doom_marker;
+  //! Look-ahead holds on the set's pages (`page_cache_ref::hold`): never
+  //! more than `hold_limit(ways)`, so that misses on the set always find
+  //! ways that no hold keeps.
+  std::uint32_t held;
 };
+
+//! Look-ahead holds a set of `ways` ways may have at once: half its ways.
+BAM_HD inline std::uint32_t hold_limit(std::uint32_t ways) { return ways / 2; }
 
 //! A slot out of use for good: busy with nothing that will end it (a load or
 //! write-back that timed out and may still land or read it). Pins do not
@@ -274,6 +284,16 @@ struct page_cache_ref {
   //! Pin `slot` for reading if it still holds the valid page of `key` (one
   //! atomic, no lookup): hit, or retry (nothing held) when it does not.
   BAM_DEVICE pin_result pin_slot(std::uint32_t slot, std::uint64_t key) const;
+  //! Look-ahead hold: pin the page of `key` for reading if it is in the
+  //! cache and valid now, loading nothing and waiting for nothing, as long
+  //! as its set holds fewer than `detail::hold_limit(ways)` such pins. A
+  //! held page is never a victim until `unhold`: unlike other pins, holds
+  //! last across kernels, and the limit per set keeps the cache's forward
+  //! progress (a miss always finds ways that no hold keeps). True with the
+  //! slot in `slot` when it holds the page.
+  BAM_DEVICE bool hold(std::uint64_t key, std::uint32_t& slot) const;
+  //! Drop a hold taken by `hold` (nothing was read through it).
+  BAM_DEVICE void unhold(std::uint32_t slot) const;
   //! `pin` for a request: sets `r.phase` to hit, pinned_wait (another lane
   //! loads it) or lookup (retry, or a miss: returns false).
   BAM_DEVICE bool try_pin(detail::page_request& r) const;
@@ -384,6 +404,29 @@ BAM_DEVICE inline pin_result page_cache_ref::pin_slot(std::uint32_t slot, std::u
   if ((old & slot_referenced) == 0) st.fetch_or(slot_referenced, cuda::memory_order_relaxed);
   // The data is read only after the pin is in place (see `pin`).
   return {slot + dependency_token(static_cast<unsigned>(old), zero), pin_state::hit};
+}
+
+BAM_DEVICE inline bool page_cache_ref::hold(std::uint64_t key, std::uint32_t& slot) const {
+  using namespace detail;
+  const pin_result p = pin(key, false);
+  if (p.state != pin_state::hit) {
+    if (p.state == pin_state::loading) release(p.slot); // another lane's load: not waited for
+    return false;
+  }
+  dev_atomic<std::uint32_t> held(sets[p.slot / ways].held);
+  if (held.fetch_add(1, cuda::memory_order_relaxed) >= hold_limit(ways)) {
+    held.fetch_sub(1, cuda::memory_order_relaxed);
+    release(p.slot);
+    return false;
+  }
+  slot = p.slot;
+  return true;
+}
+
+BAM_DEVICE inline void page_cache_ref::unhold(std::uint32_t slot) const {
+  // The pin first: the set's count then never says fewer holds than pins kept.
+  release(slot);
+  detail::dev_atomic<std::uint32_t>(sets[slot / ways].held).fetch_sub(1, cuda::memory_order_relaxed);
 }
 
 BAM_DEVICE inline bool page_cache_ref::try_pin(detail::page_request& r) const {
