@@ -205,6 +205,14 @@ struct cuda_event {
   cuda_event& operator=(const cuda_event&) = delete;
 };
 
+struct cuda_stream {
+  cudaStream_t s{};
+  cuda_stream() { BAM_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  ~cuda_stream() { BAM_CUDA_LOG(cudaStreamDestroy(s)); }
+  cuda_stream(const cuda_stream&) = delete;
+  cuda_stream& operator=(const cuda_stream&) = delete;
+};
+
 double elapsed_s(const cuda_event& a, const cuda_event& b) {
   float ms = 0;
   BAM_CUDA_TRY(cudaEventElapsedTime(&ms, a.e, b.e));
@@ -410,7 +418,8 @@ int run_typed(const aggregate_options& o, const manifest& m) {
                   hot_seconds);
   }
 
-  // ---- buffers, sized for the largest batch the fanouts allow
+  // ---- buffers, one set per mini-batch in flight, each sized for the
+  // largest batch the fanouts allow
   const std::vector<std::uint64_t> cap = hop_capacities(m.nodes, o.batch_size, fanouts);
   std::uint64_t cand_cap = o.batch_size;
   for (std::uint32_t l = 0; l < hops; ++l)
@@ -421,125 +430,160 @@ int run_typed(const aggregate_options& o, const manifest& m) {
     std::uint64_t need = cap[hops] * rb + 2 * cand_cap * 8;
     for (std::uint32_t l = 0; l < hops; ++l)
       need += cap[l] * (8 + 4ull * dim + 12ull * fanouts[l] + 4);
+    need *= o.in_flight;
     if (need > free_b)
-      detail::gnn_fail("a batch of " + std::to_string(o.batch_size) + " seeds with fanouts " +
-                           o.fanouts + " may need " + std::to_string(need >> 20) +
+      detail::gnn_fail("a batch of " + std::to_string(o.batch_size) + " seeds with fanouts " + o.fanouts + ", " +
+                           std::to_string(o.in_flight) + " in flight, may need " + std::to_string(need >> 20) +
                            " MiB of GPU memory, " + std::to_string(free_b >> 20) +
-                           " MiB are free: lower --batch-size or the fanouts",
+                           " MiB are free: lower --batch-size, --in-flight or the fanouts",
                        ENOMEM);
   }
-  std::vector<device_buffer<std::uint64_t>> d_nodes, d_sampled;
-  std::vector<device_buffer<std::uint32_t>> d_self_pos, d_sample_pos;
-  std::vector<device_buffer<float>> d_h;
-  for (std::uint32_t l = 0; l <= hops; ++l)
-    d_nodes.emplace_back(cap[l]);
-  for (std::uint32_t l = 0; l < hops; ++l) {
-    d_sampled.emplace_back(cap[l] * fanouts[l]);
-    d_self_pos.emplace_back(cap[l]);
-    d_sample_pos.emplace_back(cap[l] * fanouts[l]);
-    d_h.emplace_back(cap[l] * dim);
-  }
-  device_buffer<std::uint64_t> d_cand(cand_cap), d_sorted(cand_cap);
-  device_buffer<T> d_rows(cap[hops] * dim);
-  device_buffer<unsigned long long> d_count(1), d_missing(1);
-  pinned_buffer<unsigned long long> h_count(1);
   int end_bit = 1;
   while (end_bit < 64 && (1ull << end_bit) <= m.nodes)
     ++end_bit;
   std::size_t sort_bytes = 0, unique_bytes = 0;
-  BAM_CUDA_TRY(cub::DeviceRadixSort::SortKeys(nullptr, sort_bytes, d_cand.get(), d_sorted.get(),
-                                              static_cast<std::int64_t>(cand_cap), 0, end_bit));
-  BAM_CUDA_TRY(cub::DeviceSelect::Unique(nullptr, unique_bytes, d_sorted.get(), d_nodes[0].get(),
-                                         d_count.get(), static_cast<std::int64_t>(cand_cap)));
-  device_buffer<unsigned char> d_temp(std::max<std::size_t>({sort_bytes, unique_bytes, 1}));
+  {
+    device_buffer<std::uint64_t> probe(1);
+    BAM_CUDA_TRY(cub::DeviceRadixSort::SortKeys(nullptr, sort_bytes, probe.get(), probe.get(),
+                                                static_cast<std::int64_t>(cand_cap), 0, end_bit));
+    BAM_CUDA_TRY(cub::DeviceSelect::Unique(nullptr, unique_bytes, probe.get(), probe.get(),
+                                           reinterpret_cast<unsigned long long*>(probe.get()),
+                                           static_cast<std::int64_t>(cand_cap)));
+  }
+  //! What one mini-batch in flight owns: its stream, its buffers, its
+  //! events and its look-ahead holds.
+  struct batch_slot {
+    std::vector<device_buffer<std::uint64_t>> nodes, sampled;
+    std::vector<device_buffer<std::uint32_t>> self_pos, sample_pos;
+    std::vector<device_buffer<float>> h;
+    device_buffer<std::uint64_t> cand, sorted;
+    device_buffer<T> rows;
+    device_buffer<unsigned long long> count_dev{1};
+    pinned_buffer<unsigned long long> count_host{1}, held_host{1};
+    device_buffer<unsigned char> temp;
+    std::vector<std::uint64_t> count;
+    cuda_stream stream;
+    cuda_event start, sampled_ev, gathered, aggregated;
+    std::unique_ptr<row_holds<T>> holds;
+    std::uint64_t batch = 0;
+  };
+  std::vector<std::unique_ptr<batch_slot>> slots;
+  for (unsigned k = 0; k < o.in_flight; ++k) {
+    auto sl = std::make_unique<batch_slot>();
+    for (std::uint32_t l = 0; l <= hops; ++l)
+      sl->nodes.emplace_back(cap[l]);
+    for (std::uint32_t l = 0; l < hops; ++l) {
+      sl->sampled.emplace_back(cap[l] * fanouts[l]);
+      sl->self_pos.emplace_back(cap[l]);
+      sl->sample_pos.emplace_back(cap[l] * fanouts[l]);
+      sl->h.emplace_back(cap[l] * dim);
+    }
+    sl->cand = device_buffer<std::uint64_t>(cand_cap);
+    sl->sorted = device_buffer<std::uint64_t>(cand_cap);
+    sl->rows = device_buffer<T>(cap[hops] * dim);
+    sl->temp = device_buffer<unsigned char>(std::max<std::size_t>({sort_bytes, unique_bytes, 1}));
+    sl->count.assign(hops + 1, 0);
+    if (o.lookahead) sl->holds = std::make_unique<row_holds<T>>(feats);
+    slots.push_back(std::move(sl));
+  }
+  device_buffer<unsigned long long> d_missing(1);
+  // The baselines and the checks run on the first slot's stream.
+  const cudaStream_t stream = slots[0]->stream.s;
 
-  cudaStream_t stream;
-  BAM_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  std::unique_ptr<CUstream_st, void (*)(cudaStream_t)> stream_owner(
-      stream, [](cudaStream_t st) { BAM_CUDA_LOG(cudaStreamDestroy(st)); });
-
-  //! Sorts and de-duplicates `n` candidates into `out`; returns how many are left.
-  auto unique_into = [&](std::uint64_t n, std::uint64_t* out) -> std::uint64_t {
-    std::size_t bytes = d_temp.size();
-    BAM_CUDA_TRY(cub::DeviceRadixSort::SortKeys(d_temp.get(), bytes, d_cand.get(), d_sorted.get(),
-                                                static_cast<std::int64_t>(n), 0, end_bit, stream));
-    bytes = d_temp.size();
-    BAM_CUDA_TRY(cub::DeviceSelect::Unique(d_temp.get(), bytes, d_sorted.get(), out, d_count.get(),
-                                           static_cast<std::int64_t>(n), stream));
-    BAM_CUDA_TRY(cudaMemcpyAsync(h_count.get(), d_count.get(), sizeof(unsigned long long),
-                                 cudaMemcpyDeviceToHost, stream));
-    BAM_CUDA_TRY(cudaStreamSynchronize(stream));
-    return *h_count.get();
+  //! Sorts and de-duplicates `n` candidates of `sl` into `out` on its
+  //! stream; returns how many are left (waits for that stream alone).
+  auto unique_into = [&](batch_slot& sl, std::uint64_t n, std::uint64_t* out) -> std::uint64_t {
+    std::size_t bytes = sl.temp.size();
+    BAM_CUDA_TRY(cub::DeviceRadixSort::SortKeys(sl.temp.get(), bytes, sl.cand.get(), sl.sorted.get(),
+                                                static_cast<std::int64_t>(n), 0, end_bit, sl.stream.s));
+    bytes = sl.temp.size();
+    BAM_CUDA_TRY(cub::DeviceSelect::Unique(sl.temp.get(), bytes, sl.sorted.get(), out, sl.count_dev.get(),
+                                           static_cast<std::int64_t>(n), sl.stream.s));
+    BAM_CUDA_TRY(cudaMemcpyAsync(sl.count_host.get(), sl.count_dev.get(), sizeof(unsigned long long),
+                                 cudaMemcpyDeviceToHost, sl.stream.s));
+    BAM_CUDA_TRY(cudaStreamSynchronize(sl.stream.s));
+    return *sl.count_host.get();
   };
 
-  std::vector<std::uint64_t> count(hops + 1);
-  cuda_event e_start, e_sampled, e_gathered, e_aggregated;
-  //! One mini-batch: sampling, the gather through the cache, aggregation.
-  auto run_batch = [&](std::uint64_t b) {
-    BAM_CUDA_TRY(cudaEventRecord(e_start.e, stream));
-    seeds_kernel<<<grid_for(o.batch_size), block_threads, 0, stream>>>(d_cand.get(), o.batch_size,
-                                                                       m.nodes, o.seed, b);
+  //! Mini-batch `b` into slot `sl`: sampling (the host waits for each hop's
+  //! count), then, without waiting, the look-ahead holds, the gather
+  //! through the cache and the aggregation, all on the slot's stream. The
+  //! other slots' batches run meanwhile.
+  auto start_batch = [&](batch_slot& sl, std::uint64_t b) {
+    const cudaStream_t st = sl.stream.s;
+    sl.batch = b;
+    BAM_CUDA_TRY(cudaEventRecord(sl.start.e, st));
+    seeds_kernel<<<grid_for(o.batch_size), block_threads, 0, st>>>(sl.cand.get(), o.batch_size, m.nodes, o.seed, b);
     BAM_CUDA_TRY(cudaGetLastError());
-    count[0] = unique_into(o.batch_size, d_nodes[0].get());
+    sl.count[0] = unique_into(sl, o.batch_size, sl.nodes[0].get());
     for (std::uint32_t l = 0; l < hops; ++l) {
-      const std::uint64_t n = count[l] * fanouts[l];
-      sample_kernel<<<grid_for(n), block_threads, 0, stream>>>(
-          d_nodes[l].get(), count[l], d_indptr.get(), d_indices.get(), fanouts[l], o.seed, b, l,
-          d_sampled[l].get(), d_cand.get());
+      const std::uint64_t n = sl.count[l] * fanouts[l];
+      sample_kernel<<<grid_for(n), block_threads, 0, st>>>(sl.nodes[l].get(), sl.count[l], d_indptr.get(),
+                                                             d_indices.get(), fanouts[l], o.seed, b, l,
+                                                             sl.sampled[l].get(), sl.cand.get());
       BAM_CUDA_TRY(cudaGetLastError());
-      count[l + 1] = unique_into(count[l] + n, d_nodes[l + 1].get());
+      sl.count[l + 1] = unique_into(sl, sl.count[l] + n, sl.nodes[l + 1].get());
     }
-    BAM_CUDA_TRY(cudaEventRecord(e_sampled.e, stream));
+    BAM_CUDA_TRY(cudaEventRecord(sl.sampled_ev.e, st));
+    const std::uint64_t* ids = sl.nodes[hops].get();
+    const std::uint64_t nids = sl.count[hops];
+    if (sl.holds) {
+      // The pages of this batch's rows that are in the cache now stay there
+      // while the batches before it (other streams) and its own gather miss.
+      sl.holds->hold(ids, nids, dim, st);
+      sl.holds->held_to(sl.held_host.get(), st);
+    }
     if (hot)
-      bam::gather_rows(feats, d_nodes[hops].get(), count[hops], dim, d_rows.get(), *hot, stream);
+      bam::gather_rows(feats, ids, nids, dim, sl.rows.get(), *hot, st);
     else
-      bam::gather_rows(feats, d_nodes[hops].get(), count[hops], dim, d_rows.get(), stream);
-    BAM_CUDA_TRY(cudaEventRecord(e_gathered.e, stream));
+      bam::gather_rows(feats, ids, nids, dim, sl.rows.get(), st);
+    if (sl.holds) sl.holds->release(st);
+    BAM_CUDA_TRY(cudaEventRecord(sl.gathered.e, st));
     for (std::uint32_t l = hops; l-- > 0;) {
-      const std::uint64_t n = count[l] * (1ull + fanouts[l]);
-      positions_kernel<<<grid_for(n), block_threads, 0, stream>>>(
-          d_nodes[l].get(), count[l], d_sampled[l].get(), fanouts[l], d_nodes[l + 1].get(),
-          count[l + 1], d_self_pos[l].get(), d_sample_pos[l].get());
+      const std::uint64_t n = sl.count[l] * (1ull + fanouts[l]);
+      positions_kernel<<<grid_for(n), block_threads, 0, st>>>(sl.nodes[l].get(), sl.count[l], sl.sampled[l].get(),
+                                                                fanouts[l], sl.nodes[l + 1].get(), sl.count[l + 1],
+                                                                sl.self_pos[l].get(), sl.sample_pos[l].get());
       BAM_CUDA_TRY(cudaGetLastError());
-      const unsigned grid = grid_for(count[l] * 32);
+      const unsigned grid = grid_for(sl.count[l] * 32);
       if (l + 1 == hops)
-        mean_kernel<T><<<grid, block_threads, 0, stream>>>(
-            d_rows.get(), dim, count[l], fanouts[l], d_self_pos[l].get(), d_sample_pos[l].get(),
-            d_h[l].get(), d_missing.get());
+        mean_kernel<T><<<grid, block_threads, 0, st>>>(sl.rows.get(), dim, sl.count[l], fanouts[l],
+                                                        sl.self_pos[l].get(), sl.sample_pos[l].get(), sl.h[l].get(),
+                                                        d_missing.get());
       else
-        mean_kernel<float><<<grid, block_threads, 0, stream>>>(
-            d_h[l + 1].get(), dim, count[l], fanouts[l], d_self_pos[l].get(), d_sample_pos[l].get(),
-            d_h[l].get(), d_missing.get());
+        mean_kernel<float><<<grid, block_threads, 0, st>>>(sl.h[l + 1].get(), dim, sl.count[l], fanouts[l],
+                                                            sl.self_pos[l].get(), sl.sample_pos[l].get(),
+                                                            sl.h[l].get(), d_missing.get());
       BAM_CUDA_TRY(cudaGetLastError());
     }
-    BAM_CUDA_TRY(cudaEventRecord(e_aggregated.e, stream));
-    BAM_CUDA_TRY(cudaStreamSynchronize(stream));
-    feats.check(stream); // a bad id or a failed read throws here
+    BAM_CUDA_TRY(cudaEventRecord(sl.aggregated.e, st));
   };
 
   if (text)
     std::printf("%s: %llu nodes, %u x %s features (%llu B a row); features %s, %s\n"
-                "%llu batches of %llu seeds, fanouts %s, page cache %llu MiB of %u-byte pages\n",
-                o.dir.c_str(), static_cast<unsigned long long>(m.nodes), dim,
-                m.features.dtype.c_str(), static_cast<unsigned long long>(rb), dev.c_str(),
-                placement.c_str(), static_cast<unsigned long long>(o.batches),
-                static_cast<unsigned long long>(o.batch_size), o.fanouts.c_str(),
-                static_cast<unsigned long long>(o.cache_mib), o.page_size);
+                "%llu batches of %llu seeds, fanouts %s, page cache %llu MiB of %u-byte pages, %u batch(es) in "
+                "flight%s\n",
+                o.dir.c_str(), static_cast<unsigned long long>(m.nodes), dim, m.features.dtype.c_str(),
+                static_cast<unsigned long long>(rb), dev.c_str(), placement.c_str(),
+                static_cast<unsigned long long>(o.batches), static_cast<unsigned long long>(o.batch_size),
+                o.fanouts.c_str(), static_cast<unsigned long long>(o.cache_mib), o.page_size, o.in_flight,
+                o.lookahead ? ", look-ahead holds" : "");
   std::fflush(stdout);
 
-  //! Batch 0's aggregation against the host's, from the expected rows
-  //! `want` of the last hop's nodes (throws on a difference).
-  auto check_aggregation = [&](const std::vector<unsigned char>& want) {
+  //! Batch 0's aggregation (in `sl`) against the host's, from the expected
+  //! rows `want` of the last hop's nodes (throws on a difference).
+  auto check_aggregation = [&](batch_slot& sl, const std::vector<unsigned char>& want) {
+    const cudaStream_t st = sl.stream.s;
     std::vector<std::vector<std::uint64_t>> hn(hops + 1), hs(hops);
     for (std::uint32_t l = 0; l <= hops; ++l) {
-      hn[l].resize(count[l]);
-      copy_to_host(hn[l].data(), d_nodes[l].get(), count[l], stream);
+      hn[l].resize(sl.count[l]);
+      copy_to_host(hn[l].data(), sl.nodes[l].get(), sl.count[l], st);
     }
     for (std::uint32_t l = 0; l < hops; ++l) {
-      hs[l].resize(count[l] * fanouts[l]);
-      copy_to_host(hs[l].data(), d_sampled[l].get(), hs[l].size(), stream);
+      hs[l].resize(sl.count[l] * fanouts[l]);
+      copy_to_host(hs[l].data(), sl.sampled[l].get(), hs[l].size(), st);
     }
-    std::vector<float> rows(count[hops] * dim);
+    std::vector<float> rows(sl.count[hops] * dim);
     for (std::size_t k = 0; k < rows.size(); ++k) {
       T v;
       std::memcpy(&v, want.data() + k * sizeof(T), sizeof(T));
@@ -553,40 +597,51 @@ int run_typed(const aggregate_options& o, const manifest& m) {
     }
     const std::vector<float> ref = mean_aggregate_reference(hn, hs, fanouts, std::move(rows), dim);
     std::vector<float> got(ref.size());
-    copy_to_host(got.data(), d_h[0].get(), got.size(), stream);
+    copy_to_host(got.data(), sl.h[0].get(), got.size(), st);
     for (std::size_t k = 0; k < ref.size(); ++k)
       if (!(std::fabs(got[k] - ref[k]) <= 1e-4f * (1.0f + std::fabs(ref[k]))))
-        detail::gnn_fail("batch 0: the aggregated features of seed node " +
-                             std::to_string(hn[0][k / dim]) + ", column " +
-                             std::to_string(k % dim) + ", are " + std::to_string(got[k]) +
+        detail::gnn_fail("batch 0: the aggregated features of seed node " + std::to_string(hn[0][k / dim]) +
+                             ", column " + std::to_string(k % dim) + ", are " + std::to_string(got[k]) +
                              " on the GPU and " + std::to_string(ref[k]) + " on the host",
                          EIO);
   };
 
   // ---- the timed batches
   const page_cache_counters before = cache.counters(stream);
-  double t_sample = 0, t_gather = 0, t_aggregate = 0, t_total = 0, first_batch = 0;
+  double t_sample = 0, t_aggregate = 0, t_total = 0, first_batch = 0, t_unclocked = 0;
   std::uint64_t rows_total = 0, page_visits = 0, hot_visits = 0, verified_rows = 0, verified_batches = 0;
+  std::uint64_t held_total = 0;
   std::vector<std::uint64_t> hop_nodes_total(hops + 1, 0);
   std::vector<std::vector<std::uint64_t>> batch_ids; // the rows each batch gathered (for --compare)
   std::vector<unsigned char> reference0;             // batch 0's expected rows (for --compare)
   std::vector<std::uint64_t> ids;
+  // Each batch's gather as an interval from `origin` (ms): gathers of
+  // batches in flight together overlap, so the gather stage's time is
+  // their union.
+  std::vector<std::pair<double, double>> gather_spans;
+  cuda_event origin;
+  BAM_CUDA_TRY(cudaEventRecord(origin.e, stream));
+  auto ms_from_origin = [&](const cuda_event& e) { return 1e3 * elapsed_s(origin, e); };
   const auto progress_t0 = clock_type::now();
-  for (std::uint64_t b = 0; b < o.batches; ++b) {
-    const auto t0 = clock_type::now();
-    run_batch(b);
-    const double wall = seconds_since(t0);
-    t_total += wall;
-    if (b == 0) first_batch = wall;
-    t_sample += elapsed_s(e_start, e_sampled);
-    t_gather += elapsed_s(e_sampled, e_gathered);
-    t_aggregate += elapsed_s(e_gathered, e_aggregated);
-    rows_total += count[hops];
+  int failed = 0;
+
+  //! Waits for the batch in `sl` and takes its figures; checks its rows
+  //! against the reference when asked. Returns false on a wrong row.
+  auto finish_batch = [&](batch_slot& sl) -> bool {
+    const cudaStream_t st = sl.stream.s;
+    const std::uint64_t b = sl.batch;
+    feats.check(st); // waits for the stream; a bad id or a failed read throws here
+    if (b == 0) first_batch = elapsed_s(sl.start, sl.aggregated);
+    t_sample += elapsed_s(sl.start, sl.sampled_ev);
+    t_aggregate += elapsed_s(sl.gathered, sl.aggregated);
+    gather_spans.emplace_back(ms_from_origin(sl.sampled_ev), ms_from_origin(sl.gathered));
+    if (sl.holds) held_total += *sl.held_host.get();
+    rows_total += sl.count[hops];
     for (std::uint32_t l = 0; l <= hops; ++l)
-      hop_nodes_total[l] += count[l];
-    // Outside the timed part: the ids (for the hit rate, the baselines and the check).
-    ids.resize(count[hops]);
-    copy_to_host(ids.data(), d_nodes[hops].get(), ids.size(), stream);
+      hop_nodes_total[l] += sl.count[l];
+    // The ids (for the hit rate, the baselines and the check).
+    ids.resize(sl.count[hops]);
+    copy_to_host(ids.data(), sl.nodes[hops].get(), ids.size(), st);
     for (const std::uint64_t id : ids) {
       if (hot && is_hot[id]) {
         ++hot_visits; // read from host memory: no page visited
@@ -595,41 +650,61 @@ int run_typed(const aggregate_options& o, const manifest& m) {
       page_visits += row_pages(id, rb, o.page_size);
     }
     if (b < o.verify_batches || (o.compare && b == 0)) {
+      // Not timed: the other batches in flight end first, and nothing runs
+      // on the GPU while the host checks.
+      BAM_CUDA_TRY(cudaDeviceSynchronize());
+      const auto t0 = clock_type::now();
       std::vector<unsigned char> got(ids.size() * rb), want(ids.size() * rb);
-      copy_to_host(reinterpret_cast<T*>(got.data()), d_rows.get(), ids.size() * dim, stream);
+      copy_to_host(reinterpret_cast<T*>(got.data()), sl.rows.get(), ids.size() * dim, st);
       reference_rows(dir, m, ids.data(), ids.size(), want.data());
       const std::int64_t bad = first_wrong_row(got.data(), want.data(), ids.size(), rb);
       if (bad >= 0) {
         std::fprintf(stderr,
                      "bam-gnn aggregate: batch %llu: the row of node %llu gathered through the "
-                     "page cache differs "
-                     "from the %s\n",
+                     "page cache differs from the %s\n",
                      static_cast<unsigned long long>(b),
                      static_cast<unsigned long long>(ids[static_cast<std::size_t>(bad)]),
                      m.features.source == "generated" ? "generator" : "feature file");
-        return 1;
+        return false;
       }
       verified_rows += ids.size();
       ++verified_batches;
-      if (b == 0) check_aggregation(want);
+      if (b == 0) check_aggregation(sl, want);
       if (b == 0) reference0 = std::move(want);
+      t_unclocked += seconds_since(t0);
     }
     if (o.compare) batch_ids.push_back(ids);
     if (o.progress_every != 0 && (b + 1) % o.progress_every == 0 && b + 1 < o.batches && !o.quiet) {
-      const page_cache_counters now = cache.counters(stream);
+      const page_cache_counters now = cache.counters(st);
+      const double t = seconds_since(progress_t0) - t_unclocked;
       std::fprintf(stderr,
                    "  batch %llu/%llu: %.1f batches/s, %.2f M nodes/s, %.2f GB/s, hit rate %.1f%% "
                    "(%.0f s)\n",
-                   static_cast<unsigned long long>(b + 1),
-                   static_cast<unsigned long long>(o.batches), static_cast<double>(b + 1) / t_total,
-                   static_cast<double>(rows_total) / t_total / 1e6,
-                   static_cast<double>(rows_total * rb) / t_total / 1e9,
+                   static_cast<unsigned long long>(b + 1), static_cast<unsigned long long>(o.batches),
+                   static_cast<double>(b + 1) / t, static_cast<double>(rows_total) / t / 1e6,
+                   static_cast<double>(rows_total * rb) / t / 1e9,
                    page_visits ? 100.0 * (1.0 - static_cast<double>(now.misses - before.misses) /
                                                     static_cast<double>(page_visits))
                                : 0.0,
                    seconds_since(progress_t0));
     }
+    return true;
+  };
+
+  // Batch b goes into slot b % in_flight once the batch there before it
+  // (b - in_flight) is finished.
+  const auto loop_t0 = clock_type::now();
+  for (std::uint64_t b = 0; b < o.batches + o.in_flight && failed == 0; ++b) {
+    batch_slot& sl = *slots[b % o.in_flight];
+    if (b >= o.in_flight && !finish_batch(sl)) failed = 1;
+    if (b < o.batches && failed == 0) start_batch(sl, b);
   }
+  if (failed != 0) {
+    BAM_CUDA_LOG(cudaDeviceSynchronize());
+    return 1;
+  }
+  t_total = seconds_since(loop_t0) - t_unclocked;
+  const double t_gather = interval_union_ms(gather_spans) / 1e3;
   unsigned long long missing = 0;
   copy_to_host(&missing, d_missing.get(), 1, stream);
   if (missing != 0) {
@@ -663,9 +738,14 @@ int run_typed(const aggregate_options& o, const manifest& m) {
                 static_cast<double>(rows_total) / t_total / 1e6,
                 static_cast<double>(rows_total * rb) / t_total / 1e9, bam_path.gb_per_s());
     std::printf("per batch: sampling %.3f ms, gathering %.3f ms, aggregation %.3f ms (first batch "
-                "%.3f ms in all)\n",
-                1e3 * t_sample / nb, 1e3 * t_gather / nb, 1e3 * t_aggregate / nb,
-                1e3 * first_batch);
+                "%.3f ms in all)%s\n",
+                1e3 * t_sample / nb, 1e3 * t_gather / nb, 1e3 * t_aggregate / nb, 1e3 * first_batch,
+                o.in_flight > 1 ? "; the stages of batches in flight overlap: gathering is the time any gather ran"
+                                : "");
+    if (o.lookahead)
+      std::printf("look-ahead holds: %.0f pages per batch held before its gather (%.1f%% of its page visits)\n",
+                  static_cast<double>(held_total) / nb,
+                  page_visits ? 100.0 * static_cast<double>(held_total) / static_cast<double>(page_visits) : 0.0);
     std::printf("unique nodes per batch by hop:");
     for (std::uint32_t l = 0; l <= hops; ++l)
       std::printf(" %.0f", static_cast<double>(hop_nodes_total[l]) / nb);
@@ -877,6 +957,9 @@ int run_typed(const aggregate_options& o, const manifest& m) {
     j["page_size"] = o.page_size;
     j["cache_bytes"] = cache.slot_count() * o.page_size;
     j["fanouts"] = fanouts;
+    j["in_flight"] = o.in_flight;
+    j["lookahead"] = o.lookahead;
+    if (o.lookahead) j["held_pages_per_batch"] = static_cast<double>(held_total) / nb;
     j["batch_size"] = o.batch_size;
     j["batches"] = o.batches;
     j["seed"] = o.seed;
@@ -933,6 +1016,8 @@ int run_aggregate(const aggregate_options& o) {
   if (o.batch_size == 0) detail::gnn_fail("--batch-size must be at least 1");
   if (o.batches == 0) detail::gnn_fail("--batches must be at least 1");
   if (o.cache_mib == 0) detail::gnn_fail("--cache-mib must be at least 1");
+  if (o.in_flight == 0 || o.in_flight > max_in_flight)
+    detail::gnn_fail("--in-flight " + std::to_string(o.in_flight) + ": 1 to " + std::to_string(max_in_flight));
   if (o.page_size < 512 || o.page_size > (64u << 10) || (o.page_size & (o.page_size - 1)) != 0)
     detail::gnn_fail("--page-size " + std::to_string(o.page_size) +
                      ": a power of two from 512 to 65536");

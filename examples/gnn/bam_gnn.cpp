@@ -14,6 +14,7 @@
 //   bam-gnn info DIR                        sizes and the degree distribution
 //   bam-gnn aggregate DIR [--device DEV] [--fanouts 15,10,5] [--batch-size 1024] [--batches 100]
 //           [--cache-mib 1024] [--page-size 4096] [--seed 1] [--compare] [--json FILE]
+//           [--hot-percent P] [--in-flight 2] [--no-lookahead]
 //       GraphSAGE mini-batches on the GPU: neighbour sampling over the CSR,
 //       the feature rows through bam's page cache, a mean aggregation per
 //       layer; --compare adds the same gathers by CPU threads, GPU zero-copy,
@@ -247,6 +248,14 @@ int main(int argc, char** argv) {
                         "keep this percentage of the rows, those of the highest in-degree, in pinned host memory "
                         "and read them zero-copy instead of through the cache (a hot set; default 0)")
       ->check(CLI::Range(0.0, 100.0));
+  aggregate->add_option("--in-flight", ao.in_flight,
+                        "mini-batches in flight at once, each on a CUDA stream of its own: the next batches' "
+                        "sampling and gathers overlap this one's (1 to 8; default 2)")
+      ->check(CLI::Range(1u, bam::gnn::max_in_flight));
+  aggregate->add_flag("--lookahead,!--no-lookahead", ao.lookahead,
+                      "hold the pages of each batch's rows that are in the cache from its sampling until its "
+                      "gather, so that the misses of the batches before it and its own cannot evict them "
+                      "(bam::row_holds; the default; --no-lookahead: none)");
 
   CLI11_PARSE(app, argc, argv);
   std::signal(SIGINT, on_interrupt);

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace bam::gnn {
@@ -94,6 +95,29 @@ inline std::vector<std::uint64_t> hop_capacities(std::uint64_t nodes, std::uint6
     cap.push_back(std::min(nodes, grown));
   }
   return cap;
+}
+
+//! Most mini-batches a run keeps in flight at once.
+inline constexpr unsigned max_in_flight = 8;
+
+//! The total length of the union of intervals [begin, end) (in any order,
+//! overlapping or not): the time during which at least one of them ran.
+inline double interval_union_ms(std::vector<std::pair<double, double>> spans) {
+  std::sort(spans.begin(), spans.end());
+  double total = 0, open = 0, close = 0;
+  bool any = false;
+  for (const auto& [b, e] : spans) {
+    if (e <= b) continue;
+    if (!any || b > close) {
+      if (any) total += close - open;
+      open = b;
+      close = e;
+      any = true;
+    } else {
+      close = std::max(close, e);
+    }
+  }
+  return any ? total + close - open : 0;
 }
 
 //! Pages of `page_size` bytes that row `id` (rows of `row_bytes`, row 0 at a
@@ -380,6 +404,8 @@ struct aggregate_options {
   bool quiet = false;
   unsigned host_threads = 0; //!< CPU baselines (0: all cores)
   double hot_percent = 0;    //!< rows of the highest in-degree kept in pinned host memory (bam::hot_rows)
+  unsigned in_flight = 2;    //!< mini-batches in flight at once, each on a stream of its own
+  bool lookahead = true;     //!< hold the cached pages of a batch's rows from its sampling to its gather (bam::row_holds)
 };
 
 //! Runs `bam-gnn aggregate` (aggregate.cu; a build without CUDA says so).

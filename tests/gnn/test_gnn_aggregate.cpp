@@ -196,6 +196,23 @@ TEST_CASE("bam-gnn aggregate refuses bad input before it needs a GPU", "[gnn][ag
   r = bam_gnn("aggregate " + dir + " --hot-percent 150");
   CHECK(r.status != 0);
   CHECK_THAT(r.out, ContainsSubstring("--hot-percent"));
+  r = bam_gnn("aggregate " + dir + " --in-flight 0");
+  CHECK(r.status != 0);
+  CHECK_THAT(r.out, ContainsSubstring("--in-flight"));
+  r = bam_gnn("aggregate " + dir + " --in-flight 9");
+  CHECK(r.status != 0);
+  CHECK_THAT(r.out, ContainsSubstring("--in-flight"));
+}
+
+TEST_CASE("the gather stage's time is the union of the gathers of batches in flight", "[gnn][aggregate]") {
+  using bam::gnn::interval_union_ms;
+  CHECK(interval_union_ms({}) == 0);
+  CHECK(interval_union_ms({{1, 3}}) == 2);
+  CHECK(interval_union_ms({{1, 3}, {5, 6}}) == 3);            // apart: the sum
+  CHECK(interval_union_ms({{5, 9}, {1, 3}, {2, 6}}) == 8);    // overlapping, in any order: 1..9
+  CHECK(interval_union_ms({{1, 10}, {2, 3}, {4, 5}}) == 9);   // nested
+  CHECK(interval_union_ms({{1, 2}, {2, 4}}) == 3);            // touching
+  CHECK(interval_union_ms({{4, 4}, {7, 6}, {0, 1}}) == 1);    // empty and reversed ones count nothing
 }
 
 TEST_CASE("the table is striped onto controllers page by page, as bam::array reads it",
