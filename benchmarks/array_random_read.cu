@@ -44,7 +44,8 @@ __global__ void array_read_kernel(bam::array_ref<float> a, std::uint64_t pages, 
     const std::uint64_t page = mix(seed ^ (warp * 1000003ull + s)) % pages;
     const std::uint64_t base = page * 1024;
 #pragma unroll 4
-    for (int k = 0; k < 32; ++k) acc += a[base + k * 32 + lane];
+    for (int k = 0; k < 32; ++k)
+      acc += a[base + k * 32 + lane];
   }
   if (acc == 12345.0f) *sink = acc; // keeps the reads
 }
@@ -59,9 +60,11 @@ __global__ void gather_kernel(const uint4* src, std::uint64_t blocks, int steps,
     const uint4* p = src + b * 256; // 4 KiB = 256 x 16 B
     uint4 v[8];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = __ldcg(p + k * 32 + lane);
+    for (int k = 0; k < 8; ++k)
+      v[k] = __ldcg(p + k * 32 + lane);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
+    for (int k = 0; k < 8; ++k)
+      acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
   }
   if (acc == 0x12345678u) *sink = float(acc);
 }

@@ -8,7 +8,8 @@
 //   block_bench --device emu-gpu:ram=8G --mode range --io-size 4096 --compare # 4 KiB random reads vs zero-copy
 //   block_bench --mode element --working-set-mib 512 --cache-mib 1024         # cache hits, element access
 //   block_bench --device /dev/bam-nvme0 --mode raw --op mix --read-percent 70 --json out.json
-//   block_bench --device emu:extents=/data/f.img --file /data/f.img --mode range --compare  # a file: bam vs pread vs KvikIO
+//   block_bench --device emu:extents=/data/f.img --file /data/f.img --mode range --compare  # a file: bam vs pread vs
+//   KvikIO
 //
 // Modes: raw (GPU threads issue NVMe commands straight through the queues,
 // no cache), element (a[i], 32 lanes on consecutive elements of a page),
@@ -85,7 +86,8 @@ std::string gpu_name(int* driver) {
 //! Percentile (0..1) of a latency histogram, in microseconds.
 double percentile_us(const unsigned long long* hist, double q) {
   unsigned long long total = 0;
-  for (int i = 0; i < bench::latency_buckets; ++i) total += hist[i];
+  for (int i = 0; i < bench::latency_buckets; ++i)
+    total += hist[i];
   if (total == 0) return 0;
   const double want = q * static_cast<double>(total);
   unsigned long long seen = 0;
@@ -143,11 +145,10 @@ std::pair<double, bench::stats> timed(const options& o, Launch&& launch, std::ui
 }
 
 void fill_storage(const bam::storage& s) {
-  const auto& engines = s.gpu_engines();
   for (std::uint32_t c = 0; c < s.controller_count(); ++c) {
     const std::uint64_t bytes = s.blocks_per_controller() * s.lba_size();
-    if (c < engines.size()) {
-      const auto r = engines[c]->ref();
+    if (const auto* engine = bam::emu::gpu_engine_of(s, c)) {
+      const auto r = engine->ref();
       if (r.media == nullptr) continue; // null media: nothing to fill
       bench::fill_kernel<<<4096, 256>>>(reinterpret_cast<std::uint32_t*>(r.media), bytes / 4, c, 0);
       BAM_CUDA_TRY(cudaGetLastError());
@@ -156,8 +157,9 @@ void fill_storage(const bam::storage& s) {
       std::vector<std::uint32_t> buf((8u << 20) / 4);
       for (std::uint64_t off = 0; off < bytes; off += buf.size() * 4) {
         const std::uint64_t n = std::min<std::uint64_t>(buf.size() * 4, bytes - off);
-        for (std::uint64_t k = 0; k < n / 4; ++k) buf[k] = bench::pattern_word(c, off + 4 * k);
-        s.write_media(c, off, buf.data(), n);
+        for (std::uint64_t k = 0; k < n / 4; ++k)
+          buf[k] = bench::pattern_word(c, off + 4 * k);
+        bam::emu::write_media(s, c, off, buf.data(), n);
       }
     }
   }
@@ -194,6 +196,11 @@ run_result run_device(const options& o, const std::string& dev) {
   nlohmann::json j;
   j["device"] = dev;
   j["transport"] = s.transport_name();
+#ifdef BAM_DEVICE_PROGRESS_HOOK
+  j["kernels"] = "with the software controller's GPU-engine hook";
+#else
+  j["kernels"] = "real-controller build (no software controller device code)";
+#endif
   j["mode"] = o.mode;
   j["op"] = o.op;
   if (o.op == "mix") j["read_percent"] = w.read_percent;
@@ -224,19 +231,20 @@ run_result run_device(const options& o, const std::string& dev) {
     auto map = s.map(buf.data(), buf.size());
     j["buffer_slots"] = slots;
     j["in_flight_max"] = std::min<std::uint64_t>(threads, std::uint64_t{nctrl} * s.ref(0).nqueues *
-                                                            (s.controller_at(0).io_queue_depth() - 1));
+                                                              (s.controller_at(0).io_queue_depth() - 1));
     r = timed(
         o,
         [&](std::uint32_t n, bench::stats* st) {
           w.ops_per_thread = n;
           w.seed = next_seed(); // new offsets every launch (see next_seed)
-          bench::raw_kernel<<<blocks, o.block_threads>>>(s.device_refs(), nctrl, map->bus_tables(), buf.data(),
-                                                          slots, w, data, st);
+          bench::raw_kernel<<<blocks, o.block_threads>>>(s.device_refs(), nctrl, map->bus_tables(), buf.data(), slots,
+                                                         w, data, st);
         },
         ops);
   } else {
-    const std::uint64_t ws = o.working_set_mib ? std::min<std::uint64_t>(std::uint64_t{o.working_set_mib} << 20, storage_bytes)
-                                               : storage_bytes;
+    const std::uint64_t ws = o.working_set_mib
+                                 ? std::min<std::uint64_t>(std::uint64_t{o.working_set_mib} << 20, storage_bytes)
+                                 : storage_bytes;
     cache.emplace(bam::page_cache_config{.page_size = o.io_size, .capacity = o.cache_mib << 20});
     bam::array<std::uint32_t> a(*cache, s, ws / 4);
     w.span_units = ws / o.io_size;
@@ -259,7 +267,8 @@ run_result run_device(const options& o, const std::string& dev) {
           if (gather)
             bench::array_gather_kernel<<<blocks, o.block_threads>>>(a.ref(), nctrl, w, st);
           else if (o.mode == "element")
-            bench::array_kernel<bench::array_mode::element><<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
+            bench::array_kernel<bench::array_mode::element>
+                <<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
           else if (o.mode == "reader")
             bench::array_reader_kernel<<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
           else if (o.mode == "page")
@@ -267,7 +276,8 @@ run_result run_device(const options& o, const std::string& dev) {
           else if (o.mode == "span")
             bench::array_span_kernel<<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
           else
-            bench::array_kernel<bench::array_mode::range><<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
+            bench::array_kernel<bench::array_mode::range>
+                <<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
         },
         ops);
     a.check();
@@ -290,7 +300,8 @@ run_result run_device(const options& o, const std::string& dev) {
                      {"p999", percentile_us(r.second.hist, 0.999)}};
   j["bad_words"] = r.second.bad;
   j["errors"] = r.second.errors;
-  if (o.mode == "page" || o.mode == "span") j["page_handles_unpinned"] = r.second.unpinned; // page visits served through a[i]
+  if (o.mode == "page" || o.mode == "span")
+    j["page_handles_unpinned"] = r.second.unpinned; // page visits served through a[i]
   if (r.second.bad != 0 || r.second.errors != 0)
     std::fprintf(stderr, "block_bench: %s: %llu wrong words, %llu failed operations\n", dev.c_str(), r.second.bad,
                  r.second.errors);
@@ -326,12 +337,13 @@ nlohmann::json gather_ceiling(const options& o, bool host, std::uint64_t bytes) 
       },
       ops);
   const double ops_per_s = static_cast<double>(r.second.ops) / r.first;
-  return {{"what", host ? "GPU zero-copy random gather from pinned host memory" : "random gather inside GPU memory (HBM)"},
-          {"bytes", bytes},
-          {"io_bytes", o.io_size},
-          {"ops_per_s", ops_per_s},
-          {"GB_per_s", ops_per_s * o.io_size / 1e9},
-          {"bad_words", r.second.bad}};
+  return {
+      {"what", host ? "GPU zero-copy random gather from pinned host memory" : "random gather inside GPU memory (HBM)"},
+      {"bytes", bytes},
+      {"io_bytes", o.io_size},
+      {"ops_per_s", ops_per_s},
+      {"GB_per_s", ops_per_s * o.io_size / 1e9},
+      {"bad_words", r.second.bad}};
 }
 
 nlohmann::json memcpy_ceiling() {
@@ -349,7 +361,8 @@ nlohmann::json memcpy_ceiling() {
 
 nlohmann::json host_json(const char* what, const bench::host_result& r, std::uint32_t io) {
   nlohmann::json j{{"what", what}, {"ran", r.ran}, {"io_bytes", io}};
-  if (!r.ran) j["skipped"] = r.why_not;
+  if (!r.ran)
+    j["skipped"] = r.why_not;
   else {
     j["ops_per_s"] = r.ops_per_s;
     j["GB_per_s"] = r.gb_per_s;
@@ -364,7 +377,9 @@ void print_row(const nlohmann::json& j) {
   const double lat50 = j.contains("latency_us") ? j["latency_us"]["p50"].get<double>() : 0;
   const double lat99 = j.contains("latency_us") ? j["latency_us"]["p99"].get<double>() : 0;
   const double lat999 = j.contains("latency_us") ? j["latency_us"]["p999"].get<double>() : 0;
-  std::string hit = j.contains("hit_rate") ? std::to_string(static_cast<int>(std::lround(j["hit_rate"].get<double>() * 100))) + "%" : "-";
+  std::string hit = j.contains("hit_rate")
+                        ? std::to_string(static_cast<int>(std::lround(j["hit_rate"].get<double>() * 100))) + "%"
+                        : "-";
   std::printf("%-44s %-7s %-5s %7u %8llu %9.2f %8.2f %5s %8.1f %8.1f %8.1f\n", j["device"].get<std::string>().c_str(),
               j["mode"].get<std::string>().c_str(), j["op"].get<std::string>().c_str(), j["io_bytes"].get<unsigned>(),
               static_cast<unsigned long long>(j["threads"].get<std::uint64_t>()), j["ops_per_s"].get<double>() / 1e6,
@@ -396,8 +411,9 @@ int main(int argc, char** argv) {
   app.add_option("--reps", o.reps, "timed repetitions (the median is reported)")->check(CLI::Range(1, 100));
   app.add_flag("--compare", o.compare, "also measure the ceilings and baselines (same sizes, same run)");
   app.add_flag("!--no-verify", o.verify, "do not check the data read");
-  app.add_flag("--verify-all", o.verify_all,
-               "range mode: check every word copied (default: the first word of every 512 bytes, as raw mode and the ceilings)");
+  app.add_flag(
+      "--verify-all", o.verify_all,
+      "range mode: check every word copied (default: the first word of every 512 bytes, as raw mode and the ceilings)");
   app.add_option("--json", o.json, "write the results here as JSON");
   app.add_option("--commit", o.commit, "commit id recorded in the JSON (default: $BAM_COMMIT)");
   app.add_option("--file", o.file, "file for the pread and KvikIO baselines");
@@ -424,8 +440,8 @@ int main(int argc, char** argv) {
     char date[64];
     std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
     out["date"] = date;
-    std::printf("%-44s %-7s %-5s %7s %8s %9s %8s %5s %8s %8s %8s\n", "device", "mode", "op", "bytes", "threads", "Mops/s",
-                "GB/s", "hit", "p50 us", "p99 us", "p99.9us");
+    std::printf("%-44s %-7s %-5s %7s %8s %9s %8s %5s %8s %8s %8s\n", "device", "mode", "op", "bytes", "threads",
+                "Mops/s", "GB/s", "hit", "p50 us", "p99 us", "p99.9us");
     for (const auto& d : o.devices) {
       const run_result r = run_device(o, d);
       print_row(r.j);
@@ -447,18 +463,23 @@ int main(int argc, char** argv) {
         c.push_back(host_json("KvikIO pread into GPU memory", skip, o.io_size));
       } else {
         c.push_back(host_json("POSIX pread (thread pool) + cudaMemcpy",
-                              bench::pread_baseline(o.file, file_bytes, o.io_size, o.host_threads, host_ops), o.io_size));
+                              bench::pread_baseline(o.file, file_bytes, o.io_size, o.host_threads, host_ops),
+                              o.io_size));
         c.push_back(host_json("KvikIO pread into GPU memory",
-                              bench::kvikio_baseline(o.file, file_bytes, o.io_size, o.host_threads, 128, host_ops), o.io_size));
+                              bench::kvikio_baseline(o.file, file_bytes, o.io_size, o.host_threads, 128, host_ops),
+                              o.io_size));
       }
       out["ceilings"] = c;
       std::printf("\nceilings and baselines, same run (%u-byte units):\n", o.io_size);
       for (const auto& x : c) {
-        if (x.contains("skipped")) std::printf("  %-56s skipped: %s\n", x["what"].get<std::string>().c_str(), x["skipped"].get<std::string>().c_str());
+        if (x.contains("skipped"))
+          std::printf("  %-56s skipped: %s\n", x["what"].get<std::string>().c_str(),
+                      x["skipped"].get<std::string>().c_str());
         else if (x.contains("ops_per_s"))
-          std::printf("  %-56s %9.2f Mops/s %8.2f GB/s\n", x["what"].get<std::string>().c_str(), x["ops_per_s"].get<double>() / 1e6,
-                      x["GB_per_s"].get<double>());
-        else std::printf("  %-56s %27.2f GB/s\n", x["what"].get<std::string>().c_str(), x["GB_per_s"].get<double>());
+          std::printf("  %-56s %9.2f Mops/s %8.2f GB/s\n", x["what"].get<std::string>().c_str(),
+                      x["ops_per_s"].get<double>() / 1e6, x["GB_per_s"].get<double>());
+        else
+          std::printf("  %-56s %27.2f GB/s\n", x["what"].get<std::string>().c_str(), x["GB_per_s"].get<double>());
       }
     }
     if (!o.json.empty()) {

@@ -10,7 +10,7 @@
 #include "detail/timing.cuh"
 
 #include <bam/bam.cuh>
-#include <bam/extent_map_ref.hpp>
+#include <bam/file/extent_map_ref.hpp>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
       std::vector<float> times;
       std::uint64_t seed = 1;
       std::uint64_t wrong = 0;
-      for (int r = -1; r < reps; ++r) { // launch -1: the warm-up
+      for (int r = -1; r < reps; ++r) {           // launch -1: the warm-up
         seed = mix(seed + 0x9e3779b97f4a7c15ull); // new blocks every launch
         const float ms = bench::time_launch_ms(
             [&] { lookup_kernel<<<blocks, block_threads>>>(m, ops, seed, first.get(), sum.get()); });

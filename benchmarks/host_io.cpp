@@ -8,7 +8,7 @@
 // Items/s is commands per second. Run: host_io --benchmark_format=json
 #include "../tests/cpu/loopback_controller.hpp"
 
-#include <bam/controller.hpp>
+#include <bam/host.hpp>
 #include <bam/emu.hpp>
 
 #include <benchmark/benchmark.h>
@@ -45,7 +45,7 @@ struct emu_fixture {
     bam::emu::controller_config cfg;
     cfg.namespaces = {bam::emu::namespace_config{(256u << 20) / 4096, 4096, nullptr}};
     cfg.engine_threads = 2;
-    emu = bam::emu::make_controller(cfg);
+    emu = bam::emu::make_emulated_controller(cfg);
     bam::controller_options o;
     o.io_queues = 8;
     o.queue_depth = 256;
@@ -60,7 +60,7 @@ void emu_ram_read(benchmark::State& state) {
   std::unique_ptr<bam::dma_region> buf;
   std::mt19937_64 rng(static_cast<std::uint64_t>(state.thread_index()) + 1);
   for (auto _ : state) {
-    if (!buf) buf = f->ctrl->transport_ref().alloc(4096);
+    if (!buf) buf = f->ctrl->transport().alloc(4096);
     const std::uint64_t lba = rng() % f->ctrl->ns(1).blocks;
     f->ctrl->read(1, lba, 1, *buf, 0, static_cast<std::uint32_t>(state.thread_index()) % 8);
   }

@@ -10,7 +10,7 @@ install(FILES kernel_module/Kbuild kernel_module/Makefile kernel_module/dkms.con
               kernel_module/bam_nvme_gpu.h kernel_module/bam_nvme_args.h
         DESTINATION ${BAM_DKMS_DIR} COMPONENT dkms)
 install(FILES kernel_module/gpu/Kbuild kernel_module/gpu/bam_nvme_gpu.c DESTINATION ${BAM_DKMS_DIR}/gpu COMPONENT dkms)
-install(FILES include/bam/kmod_abi.h DESTINATION ${BAM_DKMS_DIR}/include/bam COMPONENT dkms)
+install(FILES include/bam/transport/kmod_abi.h DESTINATION ${BAM_DKMS_DIR}/include/bam/transport COMPONENT dkms)
 install(FILES kernel_module/99-bam.rules DESTINATION lib/udev/rules.d COMPONENT tools)
 
 foreach(script dkms-postinst dkms-prerm tools-postinst)

@@ -39,13 +39,13 @@ int main(int argc, char** argv) {
   app.add_option("--cache-mib", cache_mib, "page cache size in MiB");
   CLI11_PARSE(app, argc, argv);
   try {
-    bam::storage dev(device);                                      // controllers + queues for GPU threads
+    bam::storage dev(device); // controllers + queues for GPU threads
     bam::page_cache cache({.page_size = 4096, .capacity = cache_mib << 20});
-    bam::array<float> a(cache, dev, n);                            // n floats from LBA 0
+    bam::array<float> a(cache, dev, n); // n floats from LBA 0
 
     fill<<<1024, 256>>>(a.ref());
-    a.check();                                                     // throws bam::error on a device-side failure
-    cache.flush();                                                 // dirty pages to storage, then NVMe Flush
+    a.check();     // throws bam::error on a device-side failure
+    cache.flush(); // dirty pages to storage, then NVMe Flush
 
     bam::device_buffer<double> out(1);
     sum<<<1024, 256>>>(a.ref(), out.get());
@@ -53,7 +53,8 @@ int main(int argc, char** argv) {
     double total = 0;
     bam::copy_to_host(&total, out.get(), 1);
     double expected = 0;
-    for (std::uint64_t i = 0; i < n; ++i) expected += double(i % 1000);
+    for (std::uint64_t i = 0; i < n; ++i)
+      expected += double(i % 1000);
     std::printf("sum of %llu floats on %s: %.0f (expected %.0f) %s\n", (unsigned long long)n,
                 dev.transport_name().c_str(), total, expected, total == expected ? "OK" : "MISMATCH");
     return total == expected ? 0 : 1;

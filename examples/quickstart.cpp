@@ -5,8 +5,7 @@
 //
 //   quickstart --device emu:file=/tmp/disk.img,size=256M --threads 4 --queues 4
 //   quickstart --device /dev/bam-nvme0          # a real SSD bound to bam's module
-#include <bam/controller.hpp>
-#include <bam/controller.hpp>
+#include <bam/host.hpp>
 
 #include <CLI/CLI.hpp>
 
@@ -48,13 +47,13 @@ int main(int argc, char** argv) {
 
     const auto& ns = ctrl.namespaces().at(0);
     std::printf("device       %s (controller %s)\n", device.c_str(), ctrl.name().c_str());
-    std::printf("model        %s\nserial       %s\nfirmware     %s\n", ctrl.model().c_str(),
-                ctrl.serial().c_str(), ctrl.firmware().c_str());
+    std::printf("model        %s\nserial       %s\nfirmware     %s\n", ctrl.model().c_str(), ctrl.serial().c_str(),
+                ctrl.firmware().c_str());
     std::printf("namespace    %u: %llu blocks of %u B (%.1f MiB)\n", ns.nsid,
                 static_cast<unsigned long long>(ns.blocks), ns.lba_size,
                 static_cast<double>(ns.blocks) * ns.lba_size / (1 << 20));
-    std::printf("I/O queues   %u of depth %u; max transfer %zu KiB\n", ctrl.io_queue_count(),
-                ctrl.io_queue_depth(), ctrl.max_transfer_bytes() / 1024);
+    std::printf("I/O queues   %u of depth %u; max transfer %zu KiB\n", ctrl.io_queue_count(), ctrl.io_queue_depth(),
+                ctrl.max_transfer_bytes() / 1024);
 
     const std::uint64_t extent = static_cast<std::uint64_t>(blocks_per_io);
     const std::uint64_t slots = ns.blocks / extent; // disjoint extents, one writer each
@@ -66,7 +65,7 @@ int main(int argc, char** argv) {
       std::vector<std::thread> pool;
       for (unsigned t = 0; t < threads; ++t)
         pool.emplace_back([&, t] {
-          auto buf = ctrl.transport_ref().alloc(bytes);
+          auto buf = ctrl.transport().alloc(bytes);
           auto* words = buf->as<std::uint64_t>();
           const std::uint32_t q = t % ctrl.io_queue_count();
           std::mt19937_64 rng(t + 1);
@@ -92,7 +91,8 @@ int main(int argc, char** argv) {
             ios.fetch_add(1);
           }
         });
-      for (auto& th : pool) th.join();
+      for (auto& th : pool)
+        th.join();
     };
 
     auto timed = [&](bool writing) {
@@ -101,8 +101,8 @@ int main(int argc, char** argv) {
       pass(writing);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::printf("%-6s       %llu commands of %zu KiB from %u threads in %.3f s: %.0f IOPS, %.1f MiB/s\n",
-                  writing ? "write" : "read", static_cast<unsigned long long>(ios.load()), bytes / 1024,
-                  threads, s, ios.load() / s, ios.load() * bytes / s / (1 << 20));
+                  writing ? "write" : "read", static_cast<unsigned long long>(ios.load()), bytes / 1024, threads, s,
+                  ios.load() / s, ios.load() * bytes / s / (1 << 20));
     };
     timed(true);
     ctrl.flush(ns.nsid);

@@ -9,7 +9,7 @@
  *  - ioctls that pin and DMA-map memory *for this controller* and return one
  *    bus address per 4 KiB page: host memory, a dma-buf (GPU memory exported
  *    by CUDA), or GPU memory through nvidia_p2p (bam_nvme_gpu.ko).
- * The ABI is include/bam/kmod_abi.h.
+ * The ABI is include/bam/transport/kmod_abi.h.
  *
  * Ownership: one open file per controller at a time (a second open gets
  * -EBUSY: two drivers on one admin queue cannot work). Everything belongs to
@@ -50,7 +50,7 @@
 #include <linux/version.h>
 #include <linux/xarray.h>
 
-#include <bam/kmod_abi.h>
+#include <bam/transport/kmod_abi.h>
 
 #include "bam_nvme_args.h"
 #include "bam_nvme_gpu.h"

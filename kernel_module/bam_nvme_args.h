@@ -18,7 +18,7 @@ typedef __u64 u64;
 typedef __u32 u32;
 #endif
 
-#include <bam/kmod_abi.h>
+#include <bam/transport/kmod_abi.h>
 
 #define BAM_ARGS_U32_MAX 0xffffffffu
 

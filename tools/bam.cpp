@@ -19,9 +19,9 @@
 #include "pci_sysfs.hpp"
 #include "progress.hpp"
 
-#include <bam/controller.hpp>
-#include <bam/dataset.hpp>
-#include <bam/mapped_file.hpp>
+#include <bam/host.hpp>
+#include <bam/host/dataset.hpp>
+#include <bam/file/mapped_file.hpp>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -87,13 +87,12 @@ std::string u128(const std::uint8_t* p) {
 }
 
 std::string version_string(std::uint32_t ver) {
-  return std::to_string(ver >> 16) + "." + std::to_string((ver >> 8) & 0xff) + "." +
-         std::to_string(ver & 0xff);
+  return std::to_string(ver >> 16) + "." + std::to_string((ver >> 8) & 0xff) + "." + std::to_string(ver & 0xff);
 }
 
 //! The controllers behind a device string, brought up by the driver.
-std::vector<std::unique_ptr<bam::controller>>
-open_device(const std::string& device, std::uint32_t queues, std::uint32_t depth) {
+std::vector<std::unique_ptr<bam::controller>> open_device(const std::string& device, std::uint32_t queues,
+                                                          std::uint32_t depth) {
   const bam::device_spec spec = bam::parse_device(device);
   std::vector<std::unique_ptr<bam::controller>> out;
   for (auto& t : bam::open_host_transports(spec)) {
@@ -107,8 +106,7 @@ open_device(const std::string& device, std::uint32_t queues, std::uint32_t depth
   return out;
 }
 
-bam::controller& single(std::vector<std::unique_ptr<bam::controller>>& cs,
-                        const std::string& device) {
+bam::controller& single(std::vector<std::unique_ptr<bam::controller>>& cs, const std::string& device) {
   if (cs.size() != 1)
     bam::tools::tool_fail("'" + device + "' names " + std::to_string(cs.size()) +
                           " controllers; loading and dumping work on one controller at a time");
@@ -153,18 +151,16 @@ int cmd_list(const common_options& co) {
   if (fns.empty())
     std::printf("no NVMe controllers (PCI class %s) found\n", bam::tools::nvme_class_code);
   else
-    std::printf("%-13s %-10s %-9s %-15s %-18s %-7s %s\n", "PCI", "ID", "DRIVER", "DEVICE", "OWNER",
-                "PINNED", "MAPPINGS");
+    std::printf("%-13s %-10s %-9s %-15s %-18s %-7s %s\n", "PCI", "ID", "DRIVER", "DEVICE", "OWNER", "PINNED",
+                "MAPPINGS");
   for (const auto& f : fns) {
-    const std::string id =
-        f.vendor.substr(f.vendor.rfind('x') + 1) + ":" + f.device.substr(f.device.rfind('x') + 1);
+    const std::string id = f.vendor.substr(f.vendor.rfind('x') + 1) + ":" + f.device.substr(f.device.rfind('x') + 1);
     if (!f.bam_nodes.empty()) {
       for (const auto& b : f.bam_nodes) {
-        const std::string owner = b.owner_pid == 0
-                                      ? std::string("-")
-                                      : std::to_string(b.owner_pid) + " (" + b.owner_name + ")";
-        std::printf("%-13s %-10s %-9s %-15s %-18s %-7s %s\n", f.address.c_str(), id.c_str(),
-                    f.driver.c_str(), ("/dev/" + b.name).c_str(), owner.c_str(),
+        const std::string owner =
+            b.owner_pid == 0 ? std::string("-") : std::to_string(b.owner_pid) + " (" + b.owner_name + ")";
+        std::printf("%-13s %-10s %-9s %-15s %-18s %-7s %s\n", f.address.c_str(), id.c_str(), f.driver.c_str(),
+                    ("/dev/" + b.name).c_str(), owner.c_str(),
                     b.pinned_pages ? std::to_string(*b.pinned_pages).c_str() : "?",
                     b.mappings ? std::to_string(*b.mappings).c_str() : "?");
       }
@@ -173,14 +169,12 @@ int cmd_list(const common_options& co) {
       for (const auto& d : f.block_devices)
         devs += (devs.empty() ? "" : ",") + d;
       std::printf("%-13s %-10s %-9s %-15s %-18s %-7s %s\n", f.address.c_str(), id.c_str(),
-                  f.driver.empty() ? "-" : f.driver.c_str(), devs.empty() ? "-" : devs.c_str(), "-",
-                  "-", "-");
+                  f.driver.empty() ? "-" : f.driver.c_str(), devs.empty() ? "-" : devs.c_str(), "-", "-", "-");
     }
   }
   if (totals.loaded)
     std::printf("bam_nvme: loaded; %lld pages pinned, %lld mappings over all controllers\n",
-                static_cast<long long>(totals.pinned_pages),
-                static_cast<long long>(totals.mappings));
+                static_cast<long long>(totals.pinned_pages), static_cast<long long>(totals.mappings));
   else
     std::printf("bam_nvme: not loaded (modprobe bam_nvme)\n");
   return 0;
@@ -201,8 +195,8 @@ int report_bind(const common_options& co, const bam::tools::bind_result& b, cons
   for (const auto& f : b.forced)
     std::fprintf(stderr, "bam %s: --force: going ahead although %s\n", verb, f.c_str());
   if (!b.changed)
-    std::printf("bam %s: %s is already bound to %s%s%s\n", verb, b.address.c_str(),
-                b.driver_after.c_str(), b.node.empty() ? "" : ": ", b.node.c_str());
+    std::printf("bam %s: %s is already bound to %s%s%s\n", verb, b.address.c_str(), b.driver_after.c_str(),
+                b.node.empty() ? "" : ": ", b.node.c_str());
   else
     std::printf("bam %s: %s -> %s\n", verb, b.address.c_str(),
                 b.node.empty() ? b.driver_after.c_str() : b.node.c_str());
@@ -232,10 +226,8 @@ json identify_json(const bam::controller& c) {
   j["io_queues"] = c.io_queue_count();
   j["namespaces"] = json::array();
   for (const auto& ns : c.namespaces())
-    j["namespaces"].push_back({{"nsid", ns.nsid},
-                               {"blocks", ns.blocks},
-                               {"lba_size", ns.lba_size},
-                               {"bytes", ns.blocks * ns.lba_size}});
+    j["namespaces"].push_back(
+        {{"nsid", ns.nsid}, {"blocks", ns.blocks}, {"lba_size", ns.lba_size}, {"bytes", ns.blocks * ns.lba_size}});
   return j;
 }
 
@@ -252,22 +244,19 @@ int cmd_identify(const common_options& co, const std::string& device) {
   }
   for (const auto& j : all) {
     std::printf("controller   %s\n", j["name"].get<std::string>().c_str());
-    std::printf("model        %s\nserial       %s\nfirmware     %s\n",
-                j["model"].get<std::string>().c_str(), j["serial"].get<std::string>().c_str(),
-                j["firmware"].get<std::string>().c_str());
-    std::printf("vendor       %s (subsystem %s), NVMe %s\n",
-                j["vendor_id"].get<std::string>().c_str(),
-                j["subsystem_vendor_id"].get<std::string>().c_str(),
-                j["version"].get<std::string>().c_str());
+    std::printf("model        %s\nserial       %s\nfirmware     %s\n", j["model"].get<std::string>().c_str(),
+                j["serial"].get<std::string>().c_str(), j["firmware"].get<std::string>().c_str());
+    std::printf("vendor       %s (subsystem %s), NVMe %s\n", j["vendor_id"].get<std::string>().c_str(),
+                j["subsystem_vendor_id"].get<std::string>().c_str(), j["version"].get<std::string>().c_str());
     std::printf("transfers    MDTS %u: at most %s per command\n", j["mdts"].get<unsigned>(),
                 human_bytes(j["max_transfer_bytes"].get<double>()).c_str());
-    std::printf("queues       %u I/O queue pairs, up to %u entries each (CAP.MQES+1)\n",
-                j["io_queues"].get<unsigned>(), j["cap"]["mqes"].get<unsigned>());
+    std::printf("queues       %u I/O queue pairs, up to %u entries each (CAP.MQES+1)\n", j["io_queues"].get<unsigned>(),
+                j["cap"]["mqes"].get<unsigned>());
     std::printf("namespaces   %zu active of %u\n", j["namespaces"].size(), j["nn"].get<unsigned>());
     for (const auto& ns : j["namespaces"])
       std::printf("  nsid %-5u %llu blocks of %u B = %s\n", ns["nsid"].get<unsigned>(),
-                  static_cast<unsigned long long>(ns["blocks"].get<std::uint64_t>()),
-                  ns["lba_size"].get<unsigned>(), human_bytes(ns["bytes"].get<double>()).c_str());
+                  static_cast<unsigned long long>(ns["blocks"].get<std::uint64_t>()), ns["lba_size"].get<unsigned>(),
+                  human_bytes(ns["bytes"].get<double>()).c_str());
   }
   return 0;
 }
@@ -276,9 +265,8 @@ int cmd_smart(const common_options& co, const std::string& device) {
   auto cs = open_device(device, 1, 0);
   json all = json::array();
   for (auto& c : cs) {
-    auto buf = c->transport_ref().alloc(bam::dma_page_size);
-    c->get_log_page(bam::nvme::log_page_id::smart_health, 0xffffffffu, *buf,
-                    sizeof(nvme_smart_log));
+    auto buf = c->transport().alloc(bam::dma_page_size);
+    c->get_log_page(bam::nvme::log_page_id::smart_health, 0xffffffffu, *buf, sizeof(nvme_smart_log));
     const auto* s = buf->as<nvme_smart_log>();
     const int kelvin = s->temperature[0] | (s->temperature[1] << 8);
     json j;
@@ -357,9 +345,7 @@ bam::dataset_options dataset_opts(const transfer_args& a, bam::tools::progress_b
   o.state_path = a.state;
   o.cancel = &interrupted;
   if (bar != nullptr)
-    o.progress = [bar](const bam::transfer_progress& p) {
-      bar->update(p.bytes_done, p.bytes_total, p.seconds);
-    };
+    o.progress = [bar](const bam::transfer_progress& p) { bar->update(p.bytes_done, p.bytes_total, p.seconds); };
   return o;
 }
 
@@ -373,17 +359,15 @@ int cmd_load(const common_options& co, const transfer_args& a) {
     print_json(result_json("load", a, r));
     return 0;
   }
-  std::printf("loaded %s (%llu bytes) onto %s namespace %u at offset %llu in %.2f s (%s/s)\n",
-              a.file.c_str(), static_cast<unsigned long long>(r.bytes), a.device.c_str(), a.nsid,
+  std::printf("loaded %s (%llu bytes) onto %s namespace %u at offset %llu in %.2f s (%s/s)\n", a.file.c_str(),
+              static_cast<unsigned long long>(r.bytes), a.device.c_str(), a.nsid,
               static_cast<unsigned long long>(a.offset), r.seconds,
               human_bytes(r.seconds > 0 ? static_cast<double>(r.bytes) / r.seconds : 0).c_str());
   if (r.resumed_chunks != 0)
     std::printf("resumed: %llu of %llu chunks were already on the device\n",
-                static_cast<unsigned long long>(r.resumed_chunks),
-                static_cast<unsigned long long>(r.chunks));
+                static_cast<unsigned long long>(r.resumed_chunks), static_cast<unsigned long long>(r.chunks));
   if (a.verify)
-    std::printf("verified: %llu chunks read back equal\n",
-                static_cast<unsigned long long>(r.verified_chunks));
+    std::printf("verified: %llu chunks read back equal\n", static_cast<unsigned long long>(r.verified_chunks));
   std::printf("checksum %s\n", r.checksum.c_str());
   return 0;
 }
@@ -488,7 +472,7 @@ int cmd_map(const common_options& co, const map_args& a) {
     } else {
       // emu:extents= or emu:file= over the file: namespace offsets are file offsets.
       const std::uint32_t lbs = ctrl.ns(1).lba_size;
-      auto dma = ctrl.transport_ref().alloc(buf.size() + lbs);
+      auto dma = ctrl.transport().alloc(buf.size() + lbs);
       for (std::uint64_t off = 0; off < size; off += buf.size()) {
         const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), size - off));
         ctrl.read(1, off / lbs, static_cast<std::uint32_t>((n + lbs - 1) / lbs), *dma);
@@ -497,8 +481,10 @@ int cmd_map(const common_options& co, const map_args& a) {
     }
     const double secs = (static_cast<double>(bam::detail::now_ns()) - t0) / 1e9;
     const std::string got = through.hex(), want = bam::file_checksum(a.file);
-    j["verify"] = {{"checksum_through_device", got}, {"checksum_through_file_system", want},
-                   {"equal", got == want}, {"seconds", secs}};
+    j["verify"] = {{"checksum_through_device", got},
+                   {"checksum_through_file_system", want},
+                   {"equal", got == want},
+                   {"seconds", secs}};
     if (got != want) {
       if (co.json) print_json(j);
       bam::tools::tool_fail("reading " + a.file + " through " + device + " gave " + got + ", the file system " + want);
@@ -512,12 +498,15 @@ int cmd_map(const common_options& co, const map_args& a) {
   std::printf("  device string: %s\n", device.c_str());
   if (map) {
     const auto& d = map->device();
-    std::printf("  %llu bytes on %s%s, %u-byte blocks%s; %llu extents from the file system, %llu runs (%llu bytes of map)\n",
-                static_cast<unsigned long long>(map->file_size()), d.disk_node.c_str(),
-                d.partition.empty() ? "" : (" (partition " + d.partition + " at byte " + std::to_string(d.partition_start) + ")").c_str(),
-                d.lba_size, d.nsid ? (", NVMe namespace " + std::to_string(d.nsid)).c_str() : "",
-                static_cast<unsigned long long>(map->raw_extents()), static_cast<unsigned long long>(map->runs()),
-                static_cast<unsigned long long>(map->bytes()));
+    std::printf(
+        "  %llu bytes on %s%s, %u-byte blocks%s; %llu extents from the file system, %llu runs (%llu bytes of map)\n",
+        static_cast<unsigned long long>(map->file_size()), d.disk_node.c_str(),
+        d.partition.empty()
+            ? ""
+            : (" (partition " + d.partition + " at byte " + std::to_string(d.partition_start) + ")").c_str(),
+        d.lba_size, d.nsid ? (", NVMe namespace " + std::to_string(d.nsid)).c_str() : "",
+        static_cast<unsigned long long>(map->raw_extents()), static_cast<unsigned long long>(map->runs()),
+        static_cast<unsigned long long>(map->bytes()));
     std::printf("  cache pages up to %s never straddle two runs\n",
                 human_bytes(static_cast<double>(map->max_page_size(1u << 20))).c_str());
     const auto x = map->extents();
@@ -535,17 +524,17 @@ int cmd_map(const common_options& co, const map_args& a) {
   }
   if (a.verify)
     std::printf("  verified: %s through the device equals the file system's read (%.2f s)\n",
-                j["verify"]["checksum_through_device"].get<std::string>().c_str(), j["verify"]["seconds"].get<double>());
+                j["verify"]["checksum_through_device"].get<std::string>().c_str(),
+                j["verify"]["seconds"].get<double>());
   return 0;
 }
 
 } // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{
-      "bam: NVMe controllers for GPU programs. Lists, binds and identifies controllers; loads data "
-      "sets onto a device and reads them back.\nDEVICE is a device string: /dev/bam-nvme0, "
-      "emu:file=/path/disk.img[,size=8G], emu:ram=64M"};
+  CLI::App app{"bam: NVMe controllers for GPU programs. Lists, binds and identifies controllers; loads data "
+               "sets onto a device and reads them back.\nDEVICE is a device string: /dev/bam-nvme0, "
+               "emu:file=/path/disk.img[,size=8G], emu:ram=64M"};
   app.require_subcommand(1);
   app.fallthrough();
   common_options co;
@@ -553,23 +542,18 @@ int main(int argc, char** argv) {
   app.add_flag("-q,--quiet", co.quiet, "no progress bar");
   app.add_option("--root", co.root, "system root holding sys/ and proc/ (for tests)")->group("");
 
-  auto* list = app.add_subcommand(
-      "list", "NVMe controllers, the bam device nodes bound to them, owners, pinned pages");
+  auto* list = app.add_subcommand("list", "NVMe controllers, the bam device nodes bound to them, owners, pinned pages");
   std::string pci;
   bool force = false;
-  auto* bind = app.add_subcommand(
-      "bind", "hand an NVMe controller to the bam_nvme module (-> /dev/bam-nvmeN)");
+  auto* bind = app.add_subcommand("bind", "hand an NVMe controller to the bam_nvme module (-> /dev/bam-nvmeN)");
   bind->add_option("pci", pci, "PCI address, e.g. 0000:01:00.0")->required();
-  bind->add_flag("--force", force,
-                 "take it even if a namespace is mounted or held (data loss likely)");
+  bind->add_flag("--force", force, "take it even if a namespace is mounted or held (data loss likely)");
   auto* unbind = app.add_subcommand("unbind", "give a controller back to the kernel's nvme driver");
   unbind->add_option("pci", pci, "PCI address")->required();
-  unbind->add_flag("--force", force,
-                   "even while a process has the device open (its mappings are revoked)");
+  unbind->add_flag("--force", force, "even while a process has the device open (its mappings are revoked)");
 
   std::string device;
-  auto* identify =
-      app.add_subcommand("identify", "controller and namespace identify data, queues and limits");
+  auto* identify = app.add_subcommand("identify", "controller and namespace identify data, queues and limits");
   identify->add_option("device", device, "device string")->required();
   auto* smart = app.add_subcommand("smart", "SMART / health information log");
   smart->add_option("device", device, "device string")->required();
@@ -578,8 +562,7 @@ int main(int argc, char** argv) {
   auto size_option = [](CLI::App* sub, const char* name, std::uint64_t& v, const char* help) {
     return sub->add_option(name, v, help)->transform(CLI::AsSizeValue(false));
   };
-  auto* load = app.add_subcommand(
-      "load", "write a file onto a device (resumable: run it again after an interruption)");
+  auto* load = app.add_subcommand("load", "write a file onto a device (resumable: run it again after an interruption)");
   load->add_option("file", ta.file, "source file")->required()->check(CLI::ExistingFile);
   load->add_option("device", ta.device, "device string")->required();
   size_option(load, "--offset", ta.offset,
@@ -591,8 +574,7 @@ int main(int argc, char** argv) {
   load->add_flag("--restart", ta.restart, "ignore the state of an interrupted load and start over");
   load->add_option("--state", ta.state, "state file (default: FILE.bam-load)");
   size_option(load, "--max-rate", ta.max_rate, "bytes per second at most (default: no limit)");
-  auto* dump = app.add_subcommand(
-      "dump", "read a byte range of a device into a file ('-': standard output)");
+  auto* dump = app.add_subcommand("dump", "read a byte range of a device into a file ('-': standard output)");
   dump->add_option("device", ta.device, "device string")->required();
   dump->add_option("file", ta.file, "output file")->required();
   size_option(dump, "--length", ta.length, "bytes to read")->required();
@@ -602,8 +584,7 @@ int main(int argc, char** argv) {
   dump->add_option("--queues", ta.queues, "I/O queue pairs to use")->check(CLI::Range(1u, 1024u));
   size_option(dump, "--max-rate", ta.max_rate, "bytes per second at most");
   std::string file;
-  auto* checksum =
-      app.add_subcommand("checksum", "XXH3-128 of a file, in the form load and dump print");
+  auto* checksum = app.add_subcommand("checksum", "XXH3-128 of a file, in the form load and dump print");
   checksum->add_option("file", file, "file")->required()->check(CLI::ExistingFile);
   map_args ma;
   auto* map = app.add_subcommand(

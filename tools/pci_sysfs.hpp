@@ -72,22 +72,18 @@ inline void write_attr(const fs::path& p, const std::string& value) {
 //! "0000:01:00.0" from "0000:01:00.0" or "01:00.0"; throws on anything else.
 inline std::string normalize_pci_address(const std::string& a) {
   auto hex = [](const std::string& s, std::size_t n) {
-    return s.size() == n && std::all_of(s.begin(), s.end(), [](char ch) {
-             return std::isxdigit(static_cast<unsigned char>(ch));
-           });
+    return s.size() == n &&
+           std::all_of(s.begin(), s.end(), [](char ch) { return std::isxdigit(static_cast<unsigned char>(ch)); });
   };
   std::string full = std::count(a.begin(), a.end(), ':') == 1 ? "0000:" + a : a;
   // dddd:bb:dd.f
-  if (full.size() == 12 && full[4] == ':' && full[7] == ':' && full[10] == '.' &&
-      hex(full.substr(0, 4), 4) && hex(full.substr(5, 2), 2) && hex(full.substr(8, 2), 2) &&
-      hex(full.substr(11, 1), 1)) {
-    std::transform(full.begin(), full.end(), full.begin(), [](char ch) {
-      return static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    });
+  if (full.size() == 12 && full[4] == ':' && full[7] == ':' && full[10] == '.' && hex(full.substr(0, 4), 4) &&
+      hex(full.substr(5, 2), 2) && hex(full.substr(8, 2), 2) && hex(full.substr(11, 1), 1)) {
+    std::transform(full.begin(), full.end(), full.begin(),
+                   [](char ch) { return static_cast<char>(std::tolower(static_cast<unsigned char>(ch))); });
     return full;
   }
-  tool_fail("'" + a +
-            "' is not a PCI address (expected e.g. 0000:01:00.0 or 01:00.0; see lspci -D)");
+  tool_fail("'" + a + "' is not a PCI address (expected e.g. 0000:01:00.0 or 01:00.0; see lspci -D)");
 }
 
 inline std::string driver_of(const system_root& r, const std::string& addr) {
@@ -138,8 +134,7 @@ inline std::vector<nvme_function> list_nvme(const system_root& r) {
       bam_node b;
       b.name = n;
       b.owner_pid = read_int(dev / "bam-nvme" / n / "owner_pid").value_or(0);
-      if (b.owner_pid != 0)
-        b.owner_name = read_line(r.proc(std::to_string(b.owner_pid) + "/comm")).value_or("?");
+      if (b.owner_pid != 0) b.owner_name = read_line(r.proc(std::to_string(b.owner_pid) + "/comm")).value_or("?");
       b.pinned_pages = read_int(dev / "bam-nvme" / n / "pinned_pages");
       b.mappings = read_int(dev / "bam-nvme" / n / "mappings");
       f.bam_nodes.push_back(b);
@@ -229,13 +224,11 @@ inline void check_nvme(const system_root& r, const std::string& addr) {
   const fs::path dev = r.sys("bus/pci/devices/" + addr);
   if (!fs::exists(dev)) tool_fail("no PCI device " + addr + " (see lspci -D)", ENODEV);
   const std::string cls = read_line(dev / "class").value_or("?");
-  if (cls != nvme_class_code)
-    tool_fail(addr + " is not an NVMe controller (class " + cls + ")", ENODEV);
+  if (cls != nvme_class_code) tool_fail(addr + " is not an NVMe controller (class " + cls + ")", ENODEV);
 }
 
 inline void probe(const system_root& r, const std::string& addr) {
-  std::ofstream(r.sys("bus/pci/drivers_probe"))
-      << addr; // the kernel may refuse: checked afterwards
+  std::ofstream(r.sys("bus/pci/drivers_probe")) << addr; // the kernel may refuse: checked afterwards
 }
 
 //! Hand `address` to bam_nvme (what scripts/bind-nvme does).
@@ -265,18 +258,17 @@ inline bind_result bind_controller(const system_root& r, const std::string& addr
   if (!fs::exists(r.sys("bus/pci/drivers/bam_nvme"))) {
     if (r.real()) (void)std::system("modprobe bam_nvme >/dev/null 2>&1");
     if (!fs::exists(r.sys("bus/pci/drivers/bam_nvme")))
-      tool_fail(
-          "the bam_nvme module is not loaded: modprobe bam_nvme (packages: bam-dkms), or insmod "
-          "kernel_module/bam_nvme.ko",
-          ENOENT);
+      tool_fail("the bam_nvme module is not loaded: modprobe bam_nvme (packages: bam-dkms), or insmod "
+                "kernel_module/bam_nvme.ko",
+                ENOENT);
   }
   write_attr(dev / "driver_override", bam_driver);
   if (!b.driver_before.empty()) write_attr(dev / "driver" / "unbind", b.address);
   probe(r, b.address);
   b.driver_after = driver_of(r, b.address);
   if (b.driver_after != bam_driver)
-    tool_fail("bam_nvme did not bind " + b.address + " (driver now: " +
-                  (b.driver_after.empty() ? std::string("none") : b.driver_after) + "); see dmesg",
+    tool_fail("bam_nvme did not bind " + b.address +
+                  " (driver now: " + (b.driver_after.empty() ? std::string("none") : b.driver_after) + "); see dmesg",
               EIO);
   const auto nodes = sorted_entries(dev / "bam-nvme", "bam-nvme");
   b.node = nodes.empty() ? std::string() : "/dev/" + nodes.front();
@@ -296,23 +288,21 @@ inline bind_result unbind_controller(const system_root& r, const std::string& ad
       const auto pid = read_int(dev / "bam-nvme" / n / "owner_pid").value_or(0);
       if (pid == 0) continue;
       const std::string who = "pid " + std::to_string(pid) + " (" +
-                              read_line(r.proc(std::to_string(pid) + "/comm")).value_or("?") +
-                              ") has /dev/" + n + " open";
+                              read_line(r.proc(std::to_string(pid) + "/comm")).value_or("?") + ") has /dev/" + n +
+                              " open";
       if (!force) tool_fail("refusing: " + who + ". Stop it, or pass --force.", EBUSY);
       b.forced.push_back(who);
     }
     write_attr(dev / "driver" / "unbind", b.address);
   }
   write_attr(dev / "driver_override", "\n"); // an empty line clears it
-  if (!fs::exists(r.sys("bus/pci/drivers/nvme")) && r.real())
-    (void)std::system("modprobe nvme >/dev/null 2>&1");
+  if (!fs::exists(r.sys("bus/pci/drivers/nvme")) && r.real()) (void)std::system("modprobe nvme >/dev/null 2>&1");
   if (driver_of(r, b.address).empty()) probe(r, b.address);
   b.driver_after = driver_of(r, b.address);
   b.changed = b.driver_before != b.driver_after;
   if (b.driver_after != nvme_driver)
     tool_fail("the nvme driver did not take " + b.address + " (driver now: " +
-                  (b.driver_after.empty() ? std::string("none") : b.driver_after) +
-                  "; is nvme.ko available?)",
+                  (b.driver_after.empty() ? std::string("none") : b.driver_after) + "; is nvme.ko available?)",
               EIO);
   return b;
 }

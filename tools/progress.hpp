@@ -15,8 +15,7 @@ namespace bam::tools {
 
 class progress_bar {
 public:
-  progress_bar(std::string label, bool enabled)
-      : label_(std::move(label)), enabled_(enabled && ::isatty(2) != 0) {}
+  progress_bar(std::string label, bool enabled) : label_(std::move(label)), enabled_(enabled && ::isatty(2) != 0) {}
   ~progress_bar() { finish(); }
   progress_bar(const progress_bar&) = delete;
   progress_bar& operator=(const progress_bar&) = delete;
@@ -32,10 +31,10 @@ public:
     const int fill = static_cast<int>(frac * width);
     const double rate = seconds > 0 ? static_cast<double>(done) / seconds : 0;
     const double left = rate > 0 ? static_cast<double>(total - done) / rate : 0;
-    std::fprintf(stderr, "\r%s [%.*s%*s] %5.1f%%  %.1f/%.1f MiB  %.1f MiB/s  %d:%02d left ",
-                 label_.c_str(), fill, "##############################", width - fill, "",
-                 frac * 100, static_cast<double>(done) / mib, static_cast<double>(total) / mib,
-                 rate / mib, static_cast<int>(left) / 60, static_cast<int>(left) % 60);
+    std::fprintf(stderr, "\r%s [%.*s%*s] %5.1f%%  %.1f/%.1f MiB  %.1f MiB/s  %d:%02d left ", label_.c_str(), fill,
+                 "##############################", width - fill, "", frac * 100, static_cast<double>(done) / mib,
+                 static_cast<double>(total) / mib, rate / mib, static_cast<int>(left) / 60,
+                 static_cast<int>(left) % 60);
     std::fflush(stderr);
   }
   //! End the line (once).

@@ -7,7 +7,20 @@
 
 #include "pattern.hpp"
 
+#ifdef BAM_BENCH_WITHOUT_GPU_ENGINE_HOOK
+// The cache kernels as a program over real controllers compiles them: none
+// of the software controller's device code. Its CPU engine (served by host
+// threads) still opens, so the hit path can be compared with the full build
+// on the same transport (block_bench_real_controller).
+#define BAM_WITHOUT_SOFTWARE_CONTROLLER
 #include <bam/bam.cuh>
+
+#include <bam/emu.hpp>
+#include <bam/emu/client_engine.cuh>
+#include <bam/emu/gpu_engine.cuh>
+#else
+#include <bam/bam.cuh>
+#endif
 
 #include <cstdint>
 
@@ -36,11 +49,11 @@ inline double latency_bucket_ns(int i) {
 }
 
 struct stats {
-  unsigned long long ops;        //!< commands (raw) or page visits (array modes)
-  unsigned long long bad;        //!< words that differed from the pattern
-  unsigned long long errors;     //!< failed commands / accesses
+  unsigned long long ops;    //!< commands (raw) or page visits (array modes)
+  unsigned long long bad;    //!< words that differed from the pattern
+  unsigned long long errors; //!< failed commands / accesses
   unsigned long long hist[latency_buckets];
-  unsigned long long unpinned;   //!< page mode: handles that held no page (their reads went through a[i])
+  unsigned long long unpinned; //!< page mode: handles that held no page (their reads went through a[i])
 };
 
 struct workload {
@@ -94,8 +107,8 @@ __global__ void raw_kernel(const bam::queue_set_ref* ctrls, std::uint32_t nctrl,
       for (std::uint32_t k = 0; k < w.unit_bytes / 4; ++k)
         reinterpret_cast<std::uint32_t*>(mine)[k] = pattern_word(c, unit * w.unit_bytes + 4ull * k);
     const std::uint64_t t0 = bam::detail::now_ns();
-    const bam::nvme::status s =
-        q.io(rd ? bam::nvme::nvm_opcode::read : bam::nvme::nvm_opcode::write, lba, nblocks, bus[c], slot * w.unit_bytes);
+    const bam::nvme::status s = q.io(rd ? bam::nvme::nvm_opcode::read : bam::nvme::nvm_opcode::write, lba, nblocks,
+                                     bus[c], slot * w.unit_bytes);
     const std::uint64_t t1 = bam::detail::now_ns();
     if (!s.ok()) {
       ++errors;
@@ -106,7 +119,8 @@ __global__ void raw_kernel(const bam::queue_set_ref* ctrls, std::uint32_t nctrl,
     if (rd && data && w.verify) {
       // The first word of every 512-byte piece names its controller and place.
       for (std::uint32_t k = 0; k < w.unit_bytes; k += 512)
-        bad += bam::detail::ld_cg(reinterpret_cast<const unsigned*>(mine + k)) != pattern_word(c, unit * w.unit_bytes + k);
+        bad +=
+            bam::detail::ld_cg(reinterpret_cast<const unsigned*>(mine + k)) != pattern_word(c, unit * w.unit_bytes + k);
     }
   }
   atomicAdd(&st->ops, ops);
@@ -150,7 +164,8 @@ __device__ __forceinline__ void array_body(bam::array_ref<std::uint32_t> a, std:
     const bool rd = is_read(w, h);
     const std::uint64_t t0 = bam::detail::now_ns();
     if (!rd) {
-      for (std::uint32_t k = lane; k < per_page; k += 32) a.write(base + k, want ^ k);
+      for (std::uint32_t k = lane; k < per_page; k += 32)
+        a.write(base + k, want ^ k);
     } else if constexpr (Mode == array_mode::element) {
 #pragma unroll 4
       for (std::uint32_t k = lane; k < per_page; k += 32) {
@@ -238,22 +253,23 @@ __global__ void BENCH_ARRAY_REGS array_kernel(bam::array_ref<std::uint32_t> a, s
 //! warps per SM hide more of it. Capped at 128 registers (the cache's miss
 //! machinery would take 255): in one H100 run, 91.5 M pages/s against 60.7 M
 //! uncapped (`a[i]` and `copy_to` lost with any cap).
-__global__ void __maxnreg__(BENCH_PAGE_MAXNREG) array_page_kernel(bam::array_ref<std::uint32_t> a, std::uint32_t nctrl, workload w,
-                                                   std::uint32_t* scratch, stats* st) {
+__global__ void __maxnreg__(BENCH_PAGE_MAXNREG) array_page_kernel(bam::array_ref<std::uint32_t> a, std::uint32_t nctrl,
+                                                                  workload w, std::uint32_t* scratch, stats* st) {
   array_body<array_mode::page>(a, nctrl, w, scratch, st);
 }
 
 //! Page spans: capped as page handles are.
-__global__ void __maxnreg__(BENCH_PAGE_MAXNREG) array_span_kernel(bam::array_ref<std::uint32_t> a, std::uint32_t nctrl, workload w,
-                                                   std::uint32_t* scratch, stats* st) {
+__global__ void __maxnreg__(BENCH_PAGE_MAXNREG) array_span_kernel(bam::array_ref<std::uint32_t> a, std::uint32_t nctrl,
+                                                                  workload w, std::uint32_t* scratch, stats* st) {
   array_body<array_mode::span>(a, nctrl, w, scratch, st);
 }
 
 //! Readers: capped at 64 registers (in one H100 run, 54.7 M pages/s against
 //! 27.4 M uncapped; `a[i]` and `copy_to` only lost with any cap, page
 //! handles did best at 128: results/page-handle-h100/register-caps).
-__global__ void __maxnreg__(BENCH_READER_MAXNREG) array_reader_kernel(bam::array_ref<std::uint32_t> a, std::uint32_t nctrl,
-                                                                      workload w, std::uint32_t* scratch, stats* st) {
+__global__ void __maxnreg__(BENCH_READER_MAXNREG)
+    array_reader_kernel(bam::array_ref<std::uint32_t> a, std::uint32_t nctrl, workload w, std::uint32_t* scratch,
+                        stats* st) {
   array_body<array_mode::reader>(a, nctrl, w, scratch, st);
 }
 

@@ -23,7 +23,6 @@
 #include <thread>
 #include <vector>
 
-
 namespace bench {
 
 struct host_result {
@@ -42,14 +41,15 @@ inline std::uint64_t host_mix(std::uint64_t x) {
 
 //! Make sure `path` holds `bytes` of controller 0's pattern (written once, reused).
 inline std::string prepare_file(const std::string& path, std::uint64_t bytes) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(path.c_str(), &st) == 0 && static_cast<std::uint64_t>(st.st_size) == bytes) return "";
   const int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);
   if (fd < 0) return "cannot create " + path + ": " + std::strerror(errno);
   std::vector<std::uint32_t> buf((8u << 20) / 4);
   for (std::uint64_t off = 0; off < bytes; off += buf.size() * 4) {
     const std::uint64_t n = std::min<std::uint64_t>(buf.size() * 4, bytes - off);
-    for (std::uint64_t k = 0; k < n / 4; ++k) buf[k] = pattern_word(0, off + 4 * k);
+    for (std::uint64_t k = 0; k < n / 4; ++k)
+      buf[k] = pattern_word(0, off + 4 * k);
     if (::pwrite(fd, buf.data(), n, static_cast<off_t>(off)) != static_cast<ssize_t>(n)) {
       ::close(fd);
       return "writing " + path + " failed";
@@ -62,8 +62,8 @@ inline std::string prepare_file(const std::string& path, std::uint64_t bytes) {
 
 //! `threads` host threads each read `ops` random `io` blocks of the file
 //! (O_DIRECT) into pinned memory and copy each batch to the GPU.
-inline host_result pread_baseline(const std::string& path, std::uint64_t file_bytes, std::uint32_t io,
-                                  unsigned threads, std::uint64_t ops_total) {
+inline host_result pread_baseline(const std::string& path, std::uint64_t file_bytes, std::uint32_t io, unsigned threads,
+                                  std::uint64_t ops_total) {
   host_result r;
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
   if (fd < 0) {
@@ -106,7 +106,8 @@ inline host_result pread_baseline(const std::string& path, std::uint64_t file_by
       cudaFreeHost(pinned);
       cudaStreamDestroy(s);
     });
-  for (auto& th : pool) th.join();
+  for (auto& th : pool)
+    th.join();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ::close(fd);
   if (failed) {

@@ -31,7 +31,8 @@ host_result kvikio_baseline(const std::string& path, std::uint64_t file_bytes, s
     kvikio::defaults::set_gds_threshold(0);
     kvikio::FileHandle f(path, "r");
     const std::uint64_t units = file_bytes / io;
-    if (cudaMalloc(&dev, static_cast<std::size_t>(inflight) * io) != cudaSuccess) throw std::runtime_error("cudaMalloc");
+    if (cudaMalloc(&dev, static_cast<std::size_t>(inflight) * io) != cudaSuccess)
+      throw std::runtime_error("cudaMalloc");
     std::vector<std::future<std::size_t>> futures;
     std::vector<std::uint64_t> placed(inflight);
     const auto t0 = std::chrono::steady_clock::now();
@@ -43,7 +44,8 @@ host_result kvikio_baseline(const std::string& path, std::uint64_t file_bytes, s
         placed[k] = host_mix(i + k) % units;
         futures.push_back(f.pread(static_cast<char*>(dev) + std::size_t{k} * io, io, placed[k] * io));
       }
-      for (auto& fu : futures) done += fu.get() == io;
+      for (auto& fu : futures)
+        done += fu.get() == io;
       // Check the first word of one block per batch.
       std::uint32_t first = 0;
       cudaMemcpy(&first, dev, sizeof first, cudaMemcpyDeviceToHost);
@@ -56,7 +58,7 @@ host_result kvikio_baseline(const std::string& path, std::uint64_t file_bytes, s
     r.ops_per_s = static_cast<double>(done) / r.seconds;
     r.gb_per_s = r.ops_per_s * io / 1e9;
     r.why_not = (f.get_compat_mode_manager().is_compat_mode_preferred() ? std::string("compat mode (POSIX read + copy)")
-                                                                       : std::string("GPUDirect Storage (cuFile)")) +
+                                                                        : std::string("GPUDirect Storage (cuFile)")) +
                 ", " + std::to_string(threads) + " threads, " + std::to_string(inflight) + " reads in flight";
   } catch (const std::exception& e) {
     r.why_not = std::string("KvikIO failed: ") + e.what();

@@ -27,7 +27,7 @@
 
 #include "../../tools/progress.hpp"
 
-#include <bam/controller.hpp>
+#include <bam/host.hpp>
 #include <bam/transport/open.hpp>
 
 #include <CLI/CLI.hpp>
@@ -59,10 +59,14 @@ std::uint64_t parse_count(const std::string& s) {
   const double v = std::stod(s, &n);
   const std::string suf = s.substr(n);
   double mult = 1;
-  if (suf == "K" || suf == "k") mult = 1e3;
-  else if (suf == "M") mult = 1e6;
-  else if (suf == "G") mult = 1e9;
-  else if (!suf.empty()) throw CLI::ValidationError("count", "unknown suffix '" + suf + "' (K, M, G)");
+  if (suf == "K" || suf == "k")
+    mult = 1e3;
+  else if (suf == "M")
+    mult = 1e6;
+  else if (suf == "G")
+    mult = 1e9;
+  else if (!suf.empty())
+    throw CLI::ValidationError("count", "unknown suffix '" + suf + "' (K, M, G)");
   return static_cast<std::uint64_t>(v * mult + 0.5);
 }
 
@@ -87,7 +91,8 @@ std::unique_ptr<bam::controller> open_one(const std::string& device) {
   const bam::device_spec spec = bam::parse_device(device);
   auto ts = bam::open_host_transports(spec);
   if (ts.size() != 1)
-    throw bam::error("'" + device + "' names " + std::to_string(ts.size()) + " controllers; the feature table goes onto one");
+    throw bam::error("'" + device + "' names " + std::to_string(ts.size()) +
+                     " controllers; the feature table goes onto one");
   bam::controller_options o;
   o.io_timeout_ns = spec.timeout_ns;
   o.admin_timeout_ns = spec.timeout_ns;
@@ -133,7 +138,8 @@ bam::gnn::manifest load_features(const fs::path& dir, const std::string& device,
   if (!co.json)
     std::printf("features: %llu bytes onto %s namespace %u at byte %llu in %.1f s%s, checksum %s\n",
                 static_cast<unsigned long long>(r.bytes), device.c_str(), nsid, static_cast<unsigned long long>(offset),
-                r.seconds, r.resumed_chunks ? (" (" + std::to_string(r.resumed_chunks) + " chunks resumed)").c_str() : "",
+                r.seconds,
+                r.resumed_chunks ? (" (" + std::to_string(r.resumed_chunks) + " chunks resumed)").c_str() : "",
                 r.checksum.c_str());
   return m;
 }
@@ -196,10 +202,14 @@ int main(int argc, char** argv) {
   make->add_option("--nsid", nsid, "namespace (default 1)");
 
   bam::gnn::import_options io;
-  auto* import = app.add_subcommand("import", "an existing dataset: features from .npy, a graph from an edge list or CSR");
+  auto* import =
+      app.add_subcommand("import", "an existing dataset: features from .npy, a graph from an edge list or CSR");
   import->add_option("dir", dir, "dataset directory")->required();
-  import->add_option("--features", io.features_npy, "2-D float32/float16 .npy, one row per node")->required()->check(CLI::ExistingFile);
-  import->add_option("--edges", io.edges, "edge list: text (two ids a line) or .npy (E, 2) / (2, E)")->check(CLI::ExistingFile);
+  import->add_option("--features", io.features_npy, "2-D float32/float16 .npy, one row per node")
+      ->required()
+      ->check(CLI::ExistingFile);
+  import->add_option("--edges", io.edges, "edge list: text (two ids a line) or .npy (E, 2) / (2, E)")
+      ->check(CLI::ExistingFile);
   import->add_option("--indptr", io.indptr_npy, "CSR row pointers .npy")->check(CLI::ExistingFile);
   import->add_option("--indices", io.indices_npy, "CSR neighbour ids .npy")->check(CLI::ExistingFile);
   import->add_flag("--undirected", io.undirected, "edge list: store both directions");
@@ -213,7 +223,8 @@ int main(int argc, char** argv) {
 
   std::uint64_t rows = 4096;
   bool check_device = false;
-  auto* check = app.add_subcommand("check", "check the CSR and sampled feature rows (and, --device, the device's copy)");
+  auto* check =
+      app.add_subcommand("check", "check the CSR and sampled feature rows (and, --device, the device's copy)");
   check->add_option("dir", dir, "dataset directory")->required();
   check->add_option("--rows", rows, "random rows to compare (default 4096)");
   check->add_flag("--device", check_device, "read the rows back from the device the manifest names");
@@ -243,14 +254,17 @@ int main(int argc, char** argv) {
   aggregate->add_option("--json", ao.json_file, "also write the results to FILE as JSON");
   aggregate->add_flag("--compare", ao.compare,
                       "gather the same batches' rows by CPU threads, GPU zero-copy, mmap and from GPU memory");
-  aggregate->add_option("--host-threads", ao.host_threads, "CPU threads of the baselines (default: --threads, all cores)");
-  aggregate->add_option("--hot-percent", ao.hot_percent,
-                        "keep this percentage of the rows, those of the highest in-degree, in pinned host memory "
-                        "and read them zero-copy instead of through the cache (a hot set; default 0)")
+  aggregate->add_option("--host-threads", ao.host_threads,
+                        "CPU threads of the baselines (default: --threads, all cores)");
+  aggregate
+      ->add_option("--hot-percent", ao.hot_percent,
+                   "keep this percentage of the rows, those of the highest in-degree, in pinned host memory "
+                   "and read them zero-copy instead of through the cache (a hot set; default 0)")
       ->check(CLI::Range(0.0, 100.0));
-  aggregate->add_option("--in-flight", ao.in_flight,
-                        "mini-batches in flight at once, each on a CUDA stream of its own: the next batches' "
-                        "sampling and gathers overlap this one's (1 to 8; default 2)")
+  aggregate
+      ->add_option("--in-flight", ao.in_flight,
+                   "mini-batches in flight at once, each on a CUDA stream of its own: the next batches' "
+                   "sampling and gathers overlap this one's (1 to 8; default 2)")
       ->check(CLI::Range(1u, bam::gnn::max_in_flight));
   aggregate->add_flag("--lookahead,!--no-lookahead", ao.lookahead,
                       "hold the pages of each batch's rows that are in the cache from its sampling until its "
@@ -282,8 +296,10 @@ int main(int argc, char** argv) {
       const double secs = (static_cast<double>(bam::detail::now_ns()) - t0) / 1e9;
       bam::gnn::manifest m = r.m;
       if (!co.json) {
-        if (r.already_there) std::printf("%s already holds this dataset: nothing written\n", dir.c_str());
-        else std::printf("made in %.1f s\n", secs);
+        if (r.already_there)
+          std::printf("%s already holds this dataset: nothing written\n", dir.c_str());
+        else
+          std::printf("made in %.1f s\n", secs);
         print_summary(d, m);
       }
       if (!device.empty()) {
@@ -305,8 +321,10 @@ int main(int argc, char** argv) {
     if (*import) {
       io.threads = co.threads;
       const bam::gnn::manifest m = bam::gnn::import_dataset(d, io);
-      if (co.json) std::cout << info_json(d, m).dump(2) << std::endl;
-      else print_summary(d, m);
+      if (co.json)
+        std::cout << info_json(d, m).dump(2) << std::endl;
+      else
+        print_summary(d, m);
       return 0;
     }
     if (*load) {
@@ -323,10 +341,13 @@ int main(int argc, char** argv) {
       }
       const bam::gnn::check_report r = bam::gnn::check_dataset(d, rows, ctrl.get());
       if (co.json) {
-        std::cout << json{{"rows_checked", r.rows_checked}, {"rows_wrong", r.rows_wrong},
+        std::cout << json{{"rows_checked", r.rows_checked},
+                          {"rows_wrong", r.rows_wrong},
                           {"first_wrong_row", r.rows_wrong ? json(r.first_wrong_row) : json(nullptr)},
-                          {"device_checked", check_device}, {"max_degree", r.max_degree},
-                          {"mean_degree", r.mean_degree}, {"top1pct_edge_share", r.top1pct_edge_share}}
+                          {"device_checked", check_device},
+                          {"max_degree", r.max_degree},
+                          {"mean_degree", r.mean_degree},
+                          {"top1pct_edge_share", r.top1pct_edge_share}}
                          .dump(2)
                   << std::endl;
       } else {

@@ -37,16 +37,12 @@ inline std::vector<std::uint32_t> parse_fanouts(const std::string& text) {
   std::size_t pos = 0;
   while (true) {
     const std::size_t comma = text.find(',', pos);
-    const std::string item =
-        text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos ||
-        item.size() > 9)
-      detail::gnn_fail("fanouts '" + text + "': '" + item +
-                       "' is not a whole number (expected e.g. 15,10,5)");
+    const std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos || item.size() > 9)
+      detail::gnn_fail("fanouts '" + text + "': '" + item + "' is not a whole number (expected e.g. 15,10,5)");
     const unsigned long v = std::stoul(item);
     if (v == 0 || v > max_fanout)
-      detail::gnn_fail("fanouts '" + text + "': " + item + " is outside 1.." +
-                       std::to_string(max_fanout));
+      detail::gnn_fail("fanouts '" + text + "': " + item + " is outside 1.." + std::to_string(max_fanout));
     out.push_back(static_cast<std::uint32_t>(v));
     if (comma == std::string::npos) break;
     pos = comma + 1;
@@ -172,9 +168,7 @@ private:
     std::uint64_t seen = 0;
     std::unique_lock lock(m_);
     for (;;) {
-      wake_.wait(lock, [&] {
-        return stop_ || (generation_ != seen && job_ != nullptr && next_ < tasks_);
-      });
+      wake_.wait(lock, [&] { return stop_ || (generation_ != seen && job_ != nullptr && next_ < tasks_); });
       if (stop_) return;
       while (job_ != nullptr && next_ < tasks_) {
         const std::uint64_t t = next_++;
@@ -206,16 +200,15 @@ private:
 //! Rows `ids[0..count)` of `table` (rows of `row_bytes`, `rows` of them)
 //! into `out`, row k at `out + k * row_bytes`, split over the pool's
 //! threads. Throws `bam::error` for an id past the table.
-inline void cpu_gather_rows(thread_pool& pool, const unsigned char* table, std::uint64_t rows,
-                            std::uint64_t row_bytes, const std::uint64_t* ids, std::uint64_t count,
-                            unsigned char* out) {
+inline void cpu_gather_rows(thread_pool& pool, const unsigned char* table, std::uint64_t rows, std::uint64_t row_bytes,
+                            const std::uint64_t* ids, std::uint64_t count, unsigned char* out) {
   const std::uint64_t parts = std::min<std::uint64_t>(count, std::uint64_t{pool.size()} * 4);
   pool.run(parts, [&](std::uint64_t p) {
     const std::uint64_t lo = count * p / parts, hi = count * (p + 1) / parts;
     for (std::uint64_t k = lo; k < hi; ++k) {
       if (ids[k] >= rows)
-        detail::gnn_fail("row id " + std::to_string(ids[k]) + " is outside the table's " +
-                         std::to_string(rows) + " rows");
+        detail::gnn_fail("row id " + std::to_string(ids[k]) + " is outside the table's " + std::to_string(rows) +
+                         " rows");
       std::memcpy(out + k * row_bytes, table + ids[k] * row_bytes, row_bytes);
     }
   });
@@ -249,11 +242,8 @@ public:
     }
     auto* p = static_cast<unsigned char*>(dst);
     for (std::size_t done = 0; done < len;) {
-      const ssize_t n =
-          ::pread(fd_, p + done, len - done, static_cast<off_t>(file_offset_ + offset + done));
-      if (n <= 0)
-        detail::gnn_fail(
-            path_ + ": the feature table ends before byte " + std::to_string(offset + len), EIO);
+      const ssize_t n = ::pread(fd_, p + done, len - done, static_cast<off_t>(file_offset_ + offset + done));
+      if (n <= 0) detail::gnn_fail(path_ + ": the feature table ends before byte " + std::to_string(offset + len), EIO);
       done += static_cast<std::size_t>(n);
     }
   }
@@ -266,8 +256,7 @@ private:
 };
 
 //! The whole table (`bytes`) into `dst` (host memory), 8 MiB chunks read by the pool's threads.
-inline void read_table(const table_source& src, std::uint64_t bytes, unsigned char* dst,
-                       thread_pool& pool) {
+inline void read_table(const table_source& src, std::uint64_t bytes, unsigned char* dst, thread_pool& pool) {
   constexpr std::uint64_t chunk = 8ull << 20;
   pool.run((bytes + chunk - 1) / chunk, [&](std::uint64_t c) {
     const std::uint64_t off = c * chunk;
@@ -281,13 +270,11 @@ inline void read_table(const table_source& src, std::uint64_t bytes, unsigned ch
 //! (p / controllers) pages; the last page padded with zeroes.
 //! `write(controller, byte offset, data, length)` writes one controller's run.
 template <class Write>
-void load_striped(const table_source& src, std::uint64_t bytes, std::uint32_t page_size,
-                  std::uint32_t controllers, std::uint64_t start_byte, thread_pool& pool,
-                  Write&& write) {
+void load_striped(const table_source& src, std::uint64_t bytes, std::uint32_t page_size, std::uint32_t controllers,
+                  std::uint64_t start_byte, thread_pool& pool, Write&& write) {
   const std::uint32_t n = std::max(1u, controllers);
   constexpr std::uint64_t step_target = 64ull << 20; // bytes read per step, over all controllers
-  const std::uint64_t pages_per_step =
-      std::max<std::uint64_t>(1, step_target / (std::uint64_t{page_size} * n));
+  const std::uint64_t pages_per_step = std::max<std::uint64_t>(1, step_target / (std::uint64_t{page_size} * n));
   const std::uint64_t step = pages_per_step * page_size * n;
   std::vector<unsigned char> in(step);
   std::vector<unsigned char> out(pages_per_step * page_size);
@@ -317,8 +304,8 @@ void load_striped(const table_source& src, std::uint64_t bytes, std::uint32_t pa
 
 //! The expected bytes of rows `ids` (generated features: the generator;
 //! imported ones: their file), row k at `out + k * row_bytes`.
-inline void reference_rows(const std::filesystem::path& dir, const manifest& m,
-                           const std::uint64_t* ids, std::uint64_t count, unsigned char* out) {
+inline void reference_rows(const std::filesystem::path& dir, const manifest& m, const std::uint64_t* ids,
+                           std::uint64_t count, unsigned char* out) {
   const std::uint64_t rb = m.features.row_bytes();
   if (m.features.source == "generated") {
     const data_source src = generated_features(m);
@@ -343,16 +330,14 @@ inline constexpr std::uint64_t no_node = ~std::uint64_t{0};
 //! last hop inwards, a node's representation is (its own + the mean of its
 //! sampled neighbours') / 2. Returns hop 0's representations. Throws
 //! `bam::error` when a node or sample is missing from the next hop's set.
-inline std::vector<float>
-mean_aggregate_reference(const std::vector<std::vector<std::uint64_t>>& nodes,
-                         const std::vector<std::vector<std::uint64_t>>& sampled,
-                         const std::vector<std::uint32_t>& fanouts, std::vector<float> rows,
-                         std::uint32_t dim) {
+inline std::vector<float> mean_aggregate_reference(const std::vector<std::vector<std::uint64_t>>& nodes,
+                                                   const std::vector<std::vector<std::uint64_t>>& sampled,
+                                                   const std::vector<std::uint32_t>& fanouts, std::vector<float> rows,
+                                                   std::uint32_t dim) {
   const std::size_t hops = fanouts.size();
   if (nodes.size() != hops + 1 || sampled.size() != hops)
-    detail::gnn_fail("mean_aggregate_reference: " + std::to_string(hops) + " hops need " +
-                     std::to_string(hops + 1) + " node sets and " + std::to_string(hops) +
-                     " sample sets");
+    detail::gnn_fail("mean_aggregate_reference: " + std::to_string(hops) + " hops need " + std::to_string(hops + 1) +
+                     " node sets and " + std::to_string(hops) + " sample sets");
   std::vector<float> next = std::move(rows);
   for (std::size_t l = hops; l-- > 0;) {
     const auto& set = nodes[l + 1];
@@ -405,7 +390,52 @@ struct aggregate_options {
   unsigned host_threads = 0; //!< CPU baselines (0: all cores)
   double hot_percent = 0;    //!< rows of the highest in-degree kept in pinned host memory (bam::hot_rows)
   unsigned in_flight = 2;    //!< mini-batches in flight at once, each on a stream of its own
-  bool lookahead = true;     //!< hold the cached pages of a batch's rows from its sampling to its gather (bam::row_holds)
+  bool lookahead = true; //!< hold the cached pages of a batch's rows from its sampling to its gather (bam::row_holds)
+};
+
+//! First row of `got` that differs from `want` (`rows` rows of `row_bytes`),
+//! or -1 when they are equal.
+inline std::int64_t first_wrong_row(const unsigned char* got, const unsigned char* want, std::uint64_t rows,
+                                    std::uint64_t row_bytes) {
+  for (std::uint64_t r = 0; r < rows; ++r)
+    if (std::memcmp(got + r * row_bytes, want + r * row_bytes, row_bytes) != 0) return static_cast<std::int64_t>(r);
+  return -1;
+}
+
+//! What a run of `bam-gnn aggregate` measured, summed over its batches
+//! (aggregate.cu fills it in; benchmarks/gnn/aggregate_report.cpp prints it
+//! and writes it as JSON).
+struct aggregate_figures {
+  // Where the features were read from.
+  std::string device;            //!< the device string the storage opened
+  std::string transport;         //!< what served the I/O (storage::transport_name)
+  std::string placement;         //!< where the table is on it, in words
+  bool in_process = false;       //!< an in-process medium the run filled
+  double load_seconds = 0;       //!< filling it (not timed)
+  std::uint64_t cache_bytes = 0; //!< the page cache's pages
+  std::vector<std::uint32_t> fanouts;
+  // The timed batches (the checks of the first batches are not timed).
+  double seconds = 0;                   //!< every batch, the first start to the last end
+  double sampling_seconds = 0;          //!< summed over the batches
+  double gathering_seconds = 0;         //!< the time any batch's gather ran (the gathers in flight overlap)
+  double aggregation_seconds = 0;       //!< summed over the batches
+  double first_batch_seconds = 0;       //!< batch 0, from its sampling to its aggregation
+  std::uint64_t rows = 0;               //!< rows gathered: every batch's last-hop nodes
+  std::vector<std::uint64_t> hop_nodes; //!< hop_nodes[l]: the unique nodes of hop l, summed over the batches
+  std::uint64_t page_visits = 0;        //!< cache pages the rows read through the cache touch
+  std::uint64_t pages_loaded = 0;       //!< the cache's misses
+  std::uint64_t held_pages = 0;         //!< pages the look-ahead holds kept in the cache
+  // The hot set (--hot-percent): rows read from pinned host memory, not through the cache.
+  bool hot_set = false;
+  std::uint64_t hot_rows = 0, hot_bytes = 0;
+  double hot_fill_seconds = 0;
+  std::uint64_t hot_row_visits = 0; //!< rows gathered from it
+  // The rows compared with the generator or the feature file.
+  std::uint64_t verified_rows = 0, verified_batches = 0;
+
+  double hit_rate() const {
+    return page_visits ? 1.0 - static_cast<double>(pages_loaded) / static_cast<double>(page_visits) : 0.0;
+  }
 };
 
 //! Runs `bam-gnn aggregate` (aggregate.cu; a build without CUDA says so).

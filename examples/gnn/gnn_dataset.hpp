@@ -19,8 +19,8 @@
 #include "npy.hpp"
 #include "rmat.hpp"
 
-#include <bam/controller.hpp>
-#include <bam/dataset.hpp>
+#include <bam/host.hpp>
+#include <bam/host/dataset.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -43,11 +43,11 @@ inline constexpr int manifest_version = 1;
 
 struct feature_info {
   std::uint32_t dim = 1024;
-  std::string dtype = "float32"; //!< float32 or float16
+  std::string dtype = "float32";    //!< float32 or float16
   std::string source = "generated"; //!< generated | imported
-  std::uint64_t seed = 0;        //!< generated: the generator's seed
-  std::string file;              //!< path (relative to the dataset directory, or absolute); empty: not on disk
-  std::uint64_t file_offset = 0; //!< where row 0 starts in `file`
+  std::uint64_t seed = 0;           //!< generated: the generator's seed
+  std::string file;                 //!< path (relative to the dataset directory, or absolute); empty: not on disk
+  std::uint64_t file_offset = 0;    //!< where row 0 starts in `file`
   std::uint32_t item_bytes() const { return dtype == "float16" ? 2 : 4; }
   std::uint64_t row_bytes() const { return std::uint64_t{dim} * item_bytes(); }
 };
@@ -57,7 +57,7 @@ struct device_placement {
   std::uint32_t nsid = 1;
   std::uint64_t offset = 0; //!< bytes on the namespace where row 0 starts
   std::uint32_t lba_size = 512;
-  std::string checksum;     //!< XXH3-128 of the table as written
+  std::string checksum; //!< XXH3-128 of the table as written
 };
 
 struct manifest {
@@ -79,22 +79,30 @@ inline nlohmann::ordered_json to_json(const manifest& m) {
   j["nodes"] = m.nodes;
   j["edges"] = m.edges;
   j["undirected"] = m.undirected;
-  j["graph"] = {{"source", m.graph_source}, {"seed", m.graph_seed}, {"rmat_abc", {m.rmat_a, m.rmat_b, m.rmat_c}},
-                {"requested_degree", m.requested_degree}, {"indptr", {{"file", m.indptr_file}, {"dtype", "int64"}}},
+  j["graph"] = {{"source", m.graph_source},
+                {"seed", m.graph_seed},
+                {"rmat_abc", {m.rmat_a, m.rmat_b, m.rmat_c}},
+                {"requested_degree", m.requested_degree},
+                {"indptr", {{"file", m.indptr_file}, {"dtype", "int64"}}},
                 {"indices", {{"file", m.indices_file}, {"dtype", "int32"}}}};
-  j["features"] = {{"dim", m.features.dim},       {"dtype", m.features.dtype},
-                   {"row_bytes", m.features.row_bytes()}, {"source", m.features.source},
-                   {"seed", m.features.seed},     {"file", m.features.file},
+  j["features"] = {{"dim", m.features.dim},
+                   {"dtype", m.features.dtype},
+                   {"row_bytes", m.features.row_bytes()},
+                   {"source", m.features.source},
+                   {"seed", m.features.seed},
+                   {"file", m.features.file},
                    {"file_offset", m.features.file_offset}};
   if (m.device)
-    j["device"] = {{"device", m.device->device}, {"nsid", m.device->nsid}, {"offset", m.device->offset},
-                   {"lba_size", m.device->lba_size}, {"checksum", m.device->checksum}};
+    j["device"] = {{"device", m.device->device},
+                   {"nsid", m.device->nsid},
+                   {"offset", m.device->offset},
+                   {"lba_size", m.device->lba_size},
+                   {"checksum", m.device->checksum}};
   return j;
 }
 
 inline manifest manifest_from_json(const nlohmann::json& j, const std::string& where) {
-  if (j.value("format", "") != "bam-gnn-dataset")
-    detail::gnn_fail(where + ": not a bam-gnn dataset manifest");
+  if (j.value("format", "") != "bam-gnn-dataset") detail::gnn_fail(where + ": not a bam-gnn dataset manifest");
   if (j.value("version", 0) != manifest_version)
     detail::gnn_fail(where + ": manifest version " + std::to_string(j.value("version", 0)) + ", this tool reads " +
                      std::to_string(manifest_version));
@@ -246,9 +254,10 @@ inline make_result make_dataset(const std::filesystem::path& dir, const make_opt
       return r;
     }
     if (!o.force)
-      detail::gnn_fail((dir / manifest_name).string() +
-                           " describes another dataset (other nodes, degree, seeds or width): pass --force to replace it",
-                       EEXIST);
+      detail::gnn_fail(
+          (dir / manifest_name).string() +
+              " describes another dataset (other nodes, degree, seeds or width): pass --force to replace it",
+          EEXIST);
     std::filesystem::remove(dir / manifest_name); // the directory is not whole from here on
   }
   rmat_options go = o.graph;
@@ -314,17 +323,18 @@ inline std::vector<unsigned char> read_feature_rows(const std::filesystem::path&
 // ---- import -----------------------------------------------------------------
 
 struct import_options {
-  std::string features_npy;     //!< 2-D float32 or float16 array, one row per node
-  std::string edges;            //!< edge list: text ("src dst" per line, '#' comments) or .npy of shape (E, 2) or (2, E)
+  std::string features_npy; //!< 2-D float32 or float16 array, one row per node
+  std::string edges;        //!< edge list: text ("src dst" per line, '#' comments) or .npy of shape (E, 2) or (2, E)
   std::string indptr_npy, indices_npy; //!< or a CSR pair
-  bool undirected = false;      //!< edge list: store both directions
+  bool undirected = false;             //!< edge list: store both directions
   unsigned threads = 0;
   std::function<void(const char*, std::uint64_t, std::uint64_t)> progress;
 };
 
 namespace detail {
 
-template <class T> std::vector<std::int64_t> widen(const std::string& path, const npy_header& h) {
+template <class T>
+std::vector<std::int64_t> widen(const std::string& path, const npy_header& h) {
   std::vector<T> raw(h.elements());
   npy_read(path, h, 0, raw.size(), raw.data());
   return {raw.begin(), raw.end()};
@@ -341,7 +351,8 @@ inline std::vector<std::int64_t> read_int_npy(const std::string& path) {
 //! Calls f(src, dst, edge index) for every edge of an edge list, read in
 //! chunks: a .npy array of shape (E, 2) or (2, E) of int32/int64 ids, or a
 //! text file of two ids a line ('#' and '%' start comments).
-template <class F> void for_each_edge(const std::string& path, F&& f) {
+template <class F>
+void for_each_edge(const std::string& path, F&& f) {
   if (path.size() > 4 && path.substr(path.size() - 4) == ".npy") {
     const npy_header h = npy_read_header(path);
     if (h.shape.size() != 2 || (h.shape[0] != 2 && h.shape[1] != 2))
@@ -362,14 +373,19 @@ template <class F> void for_each_edge(const std::string& path, F&& f) {
         } else {
           npy_read(path, h, lo, n, a.data());
           npy_read(path, h, e + lo, n, b.data());
-          for (std::uint64_t i = 0; i < n; ++i) f(static_cast<std::int64_t>(a[i]), static_cast<std::int64_t>(b[i]), lo + i);
+          for (std::uint64_t i = 0; i < n; ++i)
+            f(static_cast<std::int64_t>(a[i]), static_cast<std::int64_t>(b[i]), lo + i);
         }
       }
     };
-    if (h.dtype == "<i8" || h.dtype == "<u8") run(std::int64_t{});
-    else if (h.dtype == "<i4") run(std::int32_t{});
-    else if (h.dtype == "<u4") run(std::uint32_t{});
-    else gnn_fail(path + ": dtype " + h.dtype + " where integer ids are expected (int32 or int64)");
+    if (h.dtype == "<i8" || h.dtype == "<u8")
+      run(std::int64_t{});
+    else if (h.dtype == "<i4")
+      run(std::int32_t{});
+    else if (h.dtype == "<u4")
+      run(std::uint32_t{});
+    else
+      gnn_fail(path + ": dtype " + h.dtype + " where integer ids are expected (int32 or int64)");
     return;
   }
   std::ifstream in(path);
@@ -402,14 +418,16 @@ inline csr_graph csr_from_edges(std::uint64_t nodes, const std::string& path, bo
   });
   csr_graph g;
   g.indptr.assign(nodes + 1, 0);
-  for (std::uint64_t u = 0; u < nodes; ++u) g.indptr[u + 1] = g.indptr[u] + deg[u];
+  for (std::uint64_t u = 0; u < nodes; ++u)
+    g.indptr[u + 1] = g.indptr[u] + deg[u];
   std::vector<std::int64_t>& cur = deg; // reused as each row's next free position
   std::copy(g.indptr.begin(), g.indptr.end() - 1, cur.begin());
   g.indices.assign(static_cast<std::size_t>(g.indptr[nodes]), 0);
   for_each_edge(path, [&](std::int64_t s, std::int64_t d, std::uint64_t) {
     if (s == d) return;
     g.indices[static_cast<std::size_t>(cur[static_cast<std::size_t>(s)]++)] = static_cast<std::int32_t>(d);
-    if (undirected) g.indices[static_cast<std::size_t>(cur[static_cast<std::size_t>(d)]++)] = static_cast<std::int32_t>(s);
+    if (undirected)
+      g.indices[static_cast<std::size_t>(cur[static_cast<std::size_t>(d)]++)] = static_cast<std::int32_t>(s);
   });
   sort_and_merge_rows(g, thread_count(threads));
   return g;
@@ -492,12 +510,14 @@ inline check_report check_dataset(const std::filesystem::path& dir, std::uint64_
     detail::gnn_fail("the manifest says " + std::to_string(m.edges) + " edges, indices.npy has " +
                      std::to_string(indices.size()));
   std::vector<std::int64_t> deg(m.nodes);
-  for (std::uint64_t u = 0; u < m.nodes; ++u) deg[u] = indptr[u + 1] - indptr[u];
+  for (std::uint64_t u = 0; u < m.nodes; ++u)
+    deg[u] = indptr[u + 1] - indptr[u];
   r.mean_degree = m.nodes ? static_cast<double>(m.edges) / static_cast<double>(m.nodes) : 0;
   std::sort(deg.begin(), deg.end(), std::greater<>());
   r.max_degree = deg.empty() ? 0 : static_cast<std::uint64_t>(deg[0]);
   std::int64_t top = 0;
-  for (std::uint64_t i = 0; i < std::max<std::uint64_t>(1, m.nodes / 100); ++i) top += deg[i];
+  for (std::uint64_t i = 0; i < std::max<std::uint64_t>(1, m.nodes / 100); ++i)
+    top += deg[i];
   r.top1pct_edge_share = m.edges ? static_cast<double>(top) / static_cast<double>(m.edges) : 0;
 
   const std::string fpath = features_path(dir, m);
@@ -506,13 +526,14 @@ inline check_report check_dataset(const std::filesystem::path& dir, std::uint64_
   if (ctrl != nullptr && !m.device) detail::gnn_fail("the manifest names no device the features were loaded onto");
   std::mt19937_64 rng(m.nodes ^ 0xc4ec);
   std::vector<std::uint64_t> rows{0, m.nodes - 1};
-  for (std::uint64_t i = 0; i < sample_rows; ++i) rows.push_back(rng() % m.nodes);
+  for (std::uint64_t i = 0; i < sample_rows; ++i)
+    rows.push_back(rng() % m.nodes);
   const std::uint64_t rb = m.features.row_bytes();
   std::unique_ptr<dma_region> dma;
   std::uint32_t lbs = 0;
   if (ctrl != nullptr) {
     lbs = ctrl->ns(m.device->nsid).lba_size;
-    dma = ctrl->transport_ref().alloc((rb + 2 * lbs + 4095) / 4096 * 4096);
+    dma = ctrl->transport().alloc((rb + 2 * lbs + 4095) / 4096 * 4096);
   }
   std::vector<unsigned char> want(rb);
   for (const std::uint64_t row : rows) {

@@ -26,7 +26,8 @@ BAM_HD inline float feature_value(std::uint64_t seed, std::uint64_t node, std::u
 
 //! A whole row of `dim` features into `out`.
 BAM_HD inline void feature_row(std::uint64_t seed, std::uint64_t node, std::uint32_t dim, float* out) {
-  for (std::uint32_t c = 0; c < dim; ++c) out[c] = feature_value(seed, node, c);
+  for (std::uint32_t c = 0; c < dim; ++c)
+    out[c] = feature_value(seed, node, c);
 }
 
 } // namespace bam::gnn

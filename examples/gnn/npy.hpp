@@ -55,7 +55,8 @@ inline bool known_dtype(const std::string& d) {
 //! The header text for `h` (padded so the data starts at a multiple of 64 bytes).
 inline std::string npy_header_bytes(const std::string& dtype, const std::vector<std::uint64_t>& shape) {
   std::string dict = "{'descr': '" + dtype + "', 'fortran_order': False, 'shape': (";
-  for (std::size_t i = 0; i < shape.size(); ++i) dict += std::to_string(shape[i]) + (shape.size() == 1 ? "," : i + 1 < shape.size() ? ", " : "");
+  for (std::size_t i = 0; i < shape.size(); ++i)
+    dict += std::to_string(shape[i]) + (shape.size() == 1 ? "," : i + 1 < shape.size() ? ", " : "");
   dict += "), }";
   // magic (6) + version (2) + length (2) + dict + padding + '\n'
   std::size_t total = 10 + dict.size() + 1;
@@ -77,8 +78,8 @@ inline void npy_write(const std::string& path, const std::string& dtype, const s
   if (f == nullptr) throw_errno("creating " + path);
   npy_header hd{dtype, shape, 0};
   const std::uint64_t bytes = hd.data_bytes();
-  const bool ok = std::fwrite(h.data(), 1, h.size(), f) == h.size() &&
-                  (bytes == 0 || std::fwrite(data, 1, bytes, f) == bytes);
+  const bool ok =
+      std::fwrite(h.data(), 1, h.size(), f) == h.size() && (bytes == 0 || std::fwrite(data, 1, bytes, f) == bytes);
   const int err = errno;
   if (std::fclose(f) != 0 || !ok) throw_errno("writing " + path, ok ? errno : err);
 }
@@ -87,7 +88,8 @@ inline void npy_write(const std::string& path, const std::string& dtype, const s
 //! version, header length): the data starts there. Refuses what is not a
 //! .npy header.
 inline std::uint64_t npy_header_length(std::string_view pre, const std::string& name) {
-  if (pre.size() < 10 || pre.substr(0, 6) != std::string_view("\x93NUMPY", 6)) detail::npy_fail(name, "not a .npy file");
+  if (pre.size() < 10 || pre.substr(0, 6) != std::string_view("\x93NUMPY", 6))
+    detail::npy_fail(name, "not a .npy file");
   const auto byte = [&](std::size_t i) { return static_cast<std::uint64_t>(static_cast<unsigned char>(pre[i])); };
   const std::uint64_t major = byte(6);
   if (major == 1) return 10 + (byte(8) | byte(9) << 8);
@@ -111,7 +113,8 @@ inline npy_header npy_parse_header(std::string_view bytes, const std::string& na
     const auto colon = k == std::string::npos ? k : dict.find(':', k);
     if (colon == std::string::npos) detail::npy_fail(name, "no '" + key + "' in the .npy header");
     auto v = colon + 1;
-    while (v < dict.size() && dict[v] == ' ') ++v;
+    while (v < dict.size() && dict[v] == ' ')
+      ++v;
     return dict.substr(v);
   };
   npy_header h;
@@ -172,7 +175,8 @@ inline npy_header npy_read_header(const std::string& path) {
 //! Reads `count` elements from element `first` of a 1-D or flattened array.
 template <class T>
 void npy_read(const std::string& path, const npy_header& h, std::uint64_t first, std::uint64_t count, T* out) {
-  if (h.item_bytes() != sizeof(T)) detail::npy_fail(path, "element size " + std::to_string(h.item_bytes()) + " read as " + std::to_string(sizeof(T)));
+  if (h.item_bytes() != sizeof(T))
+    detail::npy_fail(path, "element size " + std::to_string(h.item_bytes()) + " read as " + std::to_string(sizeof(T)));
   if (first > h.elements() || count > h.elements() - first) detail::npy_fail(path, "read past the end of the array");
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw_errno("opening " + path);

@@ -30,11 +30,11 @@ namespace bam::gnn {
 
 struct rmat_options {
   std::uint64_t nodes = 1 << 16;
-  double avg_degree = 16;   //!< stored neighbours per node, before merging duplicates
+  double avg_degree = 16; //!< stored neighbours per node, before merging duplicates
   std::uint64_t seed = 1;
-  bool undirected = true;   //!< store each edge in both rows
+  bool undirected = true;              //!< store each edge in both rows
   double a = 0.57, b = 0.19, c = 0.19; //!< quadrant probabilities (d = 1 - a - b - c)
-  unsigned threads = 0;     //!< 0: all cores
+  unsigned threads = 0;                //!< 0: all cores
   //! Progress: (stage name, done, total), from the calling thread.
   std::function<void(const char*, std::uint64_t, std::uint64_t)> progress;
 };
@@ -63,7 +63,8 @@ inline unsigned thread_count(unsigned want) {
 }
 
 //! Runs f(begin, end) over [0, n) split among `threads` threads.
-template <class F> void parallel_ranges(std::uint64_t n, unsigned threads, F&& f) {
+template <class F>
+void parallel_ranges(std::uint64_t n, unsigned threads, F&& f) {
   threads = static_cast<unsigned>(std::min<std::uint64_t>(threads, std::max<std::uint64_t>(n, 1)));
   if (threads <= 1) {
     f(std::uint64_t{0}, n);
@@ -82,7 +83,8 @@ template <class F> void parallel_ranges(std::uint64_t n, unsigned threads, F&& f
       }
     });
   }
-  for (auto& th : pool) th.join();
+  for (auto& th : pool)
+    th.join();
   if (failure) std::rethrow_exception(failure);
 }
 
@@ -91,7 +93,8 @@ struct label_scrambler {
   unsigned bits;
   std::uint64_t mask, k1, k2, k3;
   label_scrambler(unsigned b, std::uint64_t key)
-      : bits(b), mask(b >= 64 ? ~0ull : (1ull << b) - 1), k1(mix64(key) | 1), k2(mix64(key + 1)), k3(mix64(key + 2) | 1) {}
+      : bits(b), mask(b >= 64 ? ~0ull : (1ull << b) - 1), k1(mix64(key) | 1), k2(mix64(key + 1)),
+        k3(mix64(key + 2) | 1) {}
   std::uint64_t operator()(std::uint64_t x) const {
     const unsigned s1 = bits / 2 + 1, s2 = bits / 3 + 1;
     x = (x * k1) & mask;
@@ -135,10 +138,12 @@ inline csr_graph make_rmat(const rmat_options& o) {
     detail::gnn_fail("more than 2^31 - 1 nodes: the CSR stores 32-bit neighbour ids");
   if (!(o.avg_degree > 0) || o.avg_degree > 1e6) detail::gnn_fail("average degree must be in (0, 1e6]");
   const double d = 1 - o.a - o.b - o.c;
-  if (o.a <= 0 || o.b < 0 || o.c < 0 || d < 0) detail::gnn_fail("R-MAT probabilities a, b, c must be >= 0 with a > 0 and a + b + c <= 1");
+  if (o.a <= 0 || o.b < 0 || o.c < 0 || d < 0)
+    detail::gnn_fail("R-MAT probabilities a, b, c must be >= 0 with a > 0 and a + b + c <= 1");
   const unsigned threads = detail::thread_count(o.threads);
   unsigned scale = 1;
-  while ((1ull << scale) < o.nodes) ++scale;
+  while ((1ull << scale) < o.nodes)
+    ++scale;
   const std::uint64_t n = o.nodes;
   const double stored = std::round(static_cast<double>(n) * o.avg_degree);
   const std::uint64_t draws = static_cast<std::uint64_t>(o.undirected ? std::ceil(stored / 2) : stored);
@@ -164,8 +169,12 @@ inline csr_graph make_rmat(const rmat_options& o) {
       }
       if (u < n && v < n) break;
     }
-    do u = scramble(u); while (u >= n);
-    do v = scramble(v); while (v >= n);
+    do
+      u = scramble(u);
+    while (u >= n);
+    do
+      v = scramble(v);
+    while (v >= n);
   };
 
   auto report = [&](const char* stage, std::uint64_t done, std::uint64_t total) {
@@ -208,7 +217,8 @@ inline csr_graph make_rmat(const rmat_options& o) {
       report(stage, drawn.load(), draws);
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
-    for (auto& th : pool) th.join();
+    for (auto& th : pool)
+      th.join();
     if (failure) std::rethrow_exception(failure);
     report(stage, draws, draws);
   };
@@ -218,7 +228,8 @@ inline csr_graph make_rmat(const rmat_options& o) {
   });
   csr_graph g;
   g.indptr.assign(n + 1, 0);
-  for (std::uint64_t u = 0; u < n; ++u) g.indptr[u + 1] = g.indptr[u] + deg[u];
+  for (std::uint64_t u = 0; u < n; ++u)
+    g.indptr[u + 1] = g.indptr[u] + deg[u];
   std::vector<std::int64_t> cursor(g.indptr.begin(), g.indptr.end() - 1);
   deg = {};
   g.indices.assign(static_cast<std::size_t>(g.indptr[n]), 0);
@@ -240,7 +251,8 @@ inline csr_graph make_rmat(const rmat_options& o) {
 template <class I, class P>
 void check_csr(const std::vector<P>& indptr, const std::vector<I>& indices, std::uint64_t nodes) {
   if (indptr.size() != nodes + 1)
-    detail::gnn_fail("indptr has " + std::to_string(indptr.size()) + " entries, not nodes + 1 = " + std::to_string(nodes + 1));
+    detail::gnn_fail("indptr has " + std::to_string(indptr.size()) +
+                     " entries, not nodes + 1 = " + std::to_string(nodes + 1));
   if (indptr[0] != 0) detail::gnn_fail("indptr[0] is " + std::to_string(indptr[0]) + ", not 0");
   for (std::uint64_t u = 0; u < nodes; ++u)
     if (indptr[u + 1] < indptr[u]) detail::gnn_fail("indptr decreases at node " + std::to_string(u));

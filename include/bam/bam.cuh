@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: MIT
 //! bam for CUDA programs in one include: storage opened from a device
-//! string, the page cache, `bam::array<T>` and its kernel-side handles.
+//! string, the page cache, `bam::array<T>` and its kernel-side handles, row
+//! gathers; the kernel-module transport, and the software controller unless
+//! `BAM_WITHOUT_SOFTWARE_CONTROLLER` is defined (then kernels contain none of
+//! its code, and only real controllers open).
 //!
 //! @code
 //!   #include <bam/bam.cuh>
@@ -12,10 +15,16 @@
 //! @endcode
 #pragma once
 
-#include <bam/controller.hpp>
+#ifndef BAM_WITHOUT_SOFTWARE_CONTROLLER
+#include <bam/emu/gpu.cuh> // first: its device hook goes into the runtime's wait loops
+#endif
+
 #include <bam/cuda.cuh>
+#include <bam/host.hpp>
 #include <bam/runtime/array.cuh>
+#include <bam/runtime/hot_set.cuh>
 #include <bam/runtime/page_cache.cuh>
 #include <bam/runtime/queue_set.cuh>
 #include <bam/runtime/row_gather.cuh>
+#include <bam/runtime/row_holds.cuh>
 #include <bam/runtime/storage.cuh>

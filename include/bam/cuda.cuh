@@ -23,25 +23,25 @@ namespace bam::detail {
 
 //! Throw `bam::error` for a failed CUDA call.
 [[noreturn]] inline void throw_cuda(cudaError_t e, const char* what, const char* file, int line) {
-  throw error(std::string("CUDA call failed: ") + what + " at " + file + ":" + std::to_string(line) +
-              ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+  throw error(std::string("CUDA call failed: ") + what + " at " + file + ":" + std::to_string(line) + ": " +
+              cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
 }
 
 } // namespace bam::detail
 
-#define BAM_CUDA_TRY(call)                                                                         \
-  do {                                                                                             \
-    const cudaError_t bam_cuda_err_ = (call);                                                      \
-    if (bam_cuda_err_ != cudaSuccess) ::bam::detail::throw_cuda(bam_cuda_err_, #call, __FILE__, __LINE__); \
+#define BAM_CUDA_TRY(call)                                                                                             \
+  do {                                                                                                                 \
+    const cudaError_t bam_cuda_err_ = (call);                                                                          \
+    if (bam_cuda_err_ != cudaSuccess) ::bam::detail::throw_cuda(bam_cuda_err_, #call, __FILE__, __LINE__);             \
   } while (0)
 
 //! For destructors: report, never throw.
-#define BAM_CUDA_LOG(call)                                                                         \
-  do {                                                                                             \
-    const cudaError_t bam_cuda_err_ = (call);                                                      \
-    if (bam_cuda_err_ != cudaSuccess)                                                              \
-      std::fprintf(stderr, "bam: %s failed at %s:%d: %s\n", #call, __FILE__, __LINE__,            \
-                   cudaGetErrorString(bam_cuda_err_));                                             \
+#define BAM_CUDA_LOG(call)                                                                                             \
+  do {                                                                                                                 \
+    const cudaError_t bam_cuda_err_ = (call);                                                                          \
+    if (bam_cuda_err_ != cudaSuccess)                                                                                  \
+      std::fprintf(stderr, "bam: %s failed at %s:%d: %s\n", #call, __FILE__, __LINE__,                                 \
+                   cudaGetErrorString(bam_cuda_err_));                                                                 \
   } while (0)
 
 namespace bam {
@@ -79,8 +79,7 @@ public:
     if (count != 0) ptr_ = static_cast<T*>(Allocation::allocate(bytes()));
   }
   ~cuda_buffer() { reset(); }
-  cuda_buffer(cuda_buffer&& o) noexcept
-      : ptr_(std::exchange(o.ptr_, nullptr)), count_(std::exchange(o.count_, 0)) {}
+  cuda_buffer(cuda_buffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), count_(std::exchange(o.count_, 0)) {}
   cuda_buffer& operator=(cuda_buffer&& o) noexcept {
     if (this != &o) {
       reset();

@@ -5,7 +5,7 @@
 //!
 //! @code
 //!   #include <bam/emu.hpp>
-//!   auto ctrl = bam::emu::make_ram_controller(64 << 20);        // 64 MiB, 512 B blocks
+//!   auto ctrl = bam::emu::make_ram_emulated_controller(64 << 20);        // 64 MiB, 512 B blocks
 //!   std::shared_ptr<bam::transport> t = ctrl;                    // what the driver takes
 //!   ctrl->faults().add({.opcode = 0x02, .action = bam::emu::fault_action::drop});
 //! @endcode
@@ -17,3 +17,4 @@
 #include <bam/emu/fault_table.hpp>
 #include <bam/emu/media.hpp>
 #include <bam/emu/nvm_executor.hpp>
+#include <bam/emu/open.hpp>

@@ -77,8 +77,7 @@ public:
     if (c.lba) field("LBA " + std::to_string(*c.lba));
     if (c.status) {
       char buf[32];
-      std::snprintf(buf, sizeof buf, " (sct 0x%x sc 0x%02x)", static_cast<unsigned>(c.status->sct()),
-                    c.status->sc());
+      std::snprintf(buf, sizeof buf, " (sct 0x%x sc 0x%02x)", static_cast<unsigned>(c.status->sct()), c.status->sc());
       field("status " + std::string(nvme::status_name(*c.status)) + buf);
     }
     if (c.errnum != 0) field("errno " + std::to_string(c.errnum) + " (" + std::strerror(c.errnum) + ")");
@@ -93,8 +92,7 @@ private:
 };
 
 //! Throw a `bam::error` for errno after a failed system call.
-[[noreturn]] inline void throw_errno(const std::string& what_failed, int errnum = errno,
-                                     std::string controller = {}) {
+[[noreturn]] inline void throw_errno(const std::string& what_failed, int errnum = errno, std::string controller = {}) {
   error_context c;
   c.controller = std::move(controller);
   c.errnum = errnum;
@@ -127,8 +125,10 @@ inline void set_warning_handler(warning_handler h) {
 inline void warn(const std::string& what) {
   auto& s = detail::warnings();
   std::lock_guard lock(s.mutex);
-  if (s.handler) s.handler("bam: " + what);
-  else std::fprintf(stderr, "bam: %s\n", what.c_str());
+  if (s.handler)
+    s.handler("bam: " + what);
+  else
+    std::fprintf(stderr, "bam: %s\n", what.c_str());
 }
 
 } // namespace bam

@@ -20,7 +20,7 @@
 #include <linux/slab.h>
 #include <linux/types.h>
 
-#include <bam/kmod_abi.h>
+#include <bam/transport/kmod_abi.h>
 
 #include "../bam_nvme_gpu.h"
 #include "nv-p2p.h"

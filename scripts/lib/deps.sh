@@ -58,7 +58,7 @@ bam_install_build_deps() {
   bam_enable_debian_extras
   # e2fsprogs: the extent-map tests make ext4 file systems on loop devices.
   bam_apt_install cmake ninja-build g++ pkg-config libnvme-dev liburing-dev libcli11-dev \
-    nlohmann-json3-dev libxxhash-dev libbenchmark-dev clang libclang-rt-dev e2fsprogs
+    nlohmann-json3-dev libxxhash-dev libbenchmark-dev clang libclang-rt-dev clang-format e2fsprogs
   # Catch2 3: Debian 12 has it in backports only (its main has 2.x).
   if ! dpkg-query -W -f='${Version}' catch2 2>/dev/null | grep -q '^3'; then
     . /etc/os-release

@@ -98,10 +98,9 @@ private:
         e.sq_id = 1;
         const std::uint32_t fb = fail_bit_.load();
         const std::uint16_t st =
-            (fb != 0 && (token & fb)) ? nvme::status{nvme::status_type::media_error,
-                                                     nvme::media_status::unrecovered_read_error}
-                                            .raw
-                                      : 0;
+            (fb != 0 && (token & fb))
+                ? nvme::status{nvme::status_type::media_error, nvme::media_status::unrecovered_read_error}.raw
+                : 0;
         const std::uint32_t dw3 = c.cid | (static_cast<std::uint32_t>((st << 1) | phase) << 16);
         u32_ref(*reinterpret_cast<std::uint32_t*>(reinterpret_cast<unsigned char*>(&e) + 12))
             .store(dw3, cuda::memory_order_release);

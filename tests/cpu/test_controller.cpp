@@ -2,7 +2,7 @@
 // The controller driver against the software NVMe controller: bring-up by the
 // spec, identify, data integrity across queue pairs and threads on RAM and file
 // media, every error path surfacing as bam::error, timeouts instead of hangs.
-#include <bam/controller.hpp>
+#include <bam/host.hpp>
 #include <bam/emu.hpp>
 
 #include <catch2/catch_test_macros.hpp>
@@ -37,7 +37,7 @@ std::uint8_t pattern(std::uint64_t lba, std::uint32_t gen, std::uint32_t k) {
 
 std::shared_ptr<emu::emulated_controller> ram_controller(std::uint64_t blocks, emu::controller_config cfg = {}) {
   cfg.namespaces = {emu::namespace_config{blocks, lba_size, nullptr}};
-  return emu::make_controller(cfg);
+  return emu::make_emulated_controller(cfg);
 }
 
 struct temp_file {
@@ -59,7 +59,7 @@ void integrity_run(controller& ctrl, std::uint64_t blocks, int threads, int ops_
   // Each thread owns the blocks lba % threads == t, so the reference is exact.
   auto worker = [&](int t) {
     std::mt19937_64 rng(1234 + t);
-    auto buf = ctrl.transport_ref().alloc(300 * lba_size);
+    auto buf = ctrl.transport().alloc(300 * lba_size);
     const std::uint32_t queue = static_cast<std::uint32_t>(t) % ctrl.io_queue_count();
     for (int op = 0; op < ops_per_thread; ++op) {
       // A run of blocks: 1 to 300 (over MDTS and over two pages: PRP lists, splitting)
@@ -75,7 +75,8 @@ void integrity_run(controller& ctrl, std::uint64_t blocks, int threads, int ops_
           for (std::uint32_t k = 0; k < lba_size; ++k)
             p[b * lba_size + k] = pattern(run_start + b, gen[run_start + b].load() + 1, k);
         ctrl.write(1, run_start, run, *buf, 0, queue);
-        for (std::uint32_t b = 0; b < run; ++b) gen[run_start + b].fetch_add(1);
+        for (std::uint32_t b = 0; b < run; ++b)
+          gen[run_start + b].fetch_add(1);
         run = 0;
       };
       if (threads == 1) {
@@ -96,11 +97,13 @@ void integrity_run(controller& ctrl, std::uint64_t blocks, int threads, int ops_
     }
   };
   std::vector<std::thread> pool;
-  for (int t = 0; t < threads; ++t) pool.emplace_back(worker, t);
-  for (auto& th : pool) th.join();
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back(worker, t);
+  for (auto& th : pool)
+    th.join();
 
   // Read everything back in 256-block pieces spread over all queues.
-  auto buf = ctrl.transport_ref().alloc(256 * lba_size);
+  auto buf = ctrl.transport().alloc(256 * lba_size);
   std::uint64_t bad_blocks = 0, written = 0;
   for (std::uint64_t lba = 0; lba < blocks; lba += 256) {
     const auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>(256, blocks - lba));
@@ -145,22 +148,23 @@ TEST_CASE("bring-up, identify and queue creation by the spec", "[controller]") {
   CHECK(ctrl.io_queue_count() == 6);
   CHECK(ctrl.io_queue_depth() == 512);
   CHECK(ctrl.max_transfer_bytes() == (4096u << 5)); // MDTS 5
-  for (std::uint32_t i = 0; i < ctrl.io_queue_count(); ++i) CHECK(ctrl.io_queue(i).qid == i + 1);
+  for (std::uint32_t i = 0; i < ctrl.io_queue_count(); ++i)
+    CHECK(ctrl.io_queue(i).qid == i + 1);
   CHECK_THROWS_AS(ctrl.io_queue(6), bam::error);
   CHECK_THROWS_WITH(ctrl.ns(2), ContainsSubstring("no active namespace 2"));
   // The driver reads back the SMART log through Get Log Page.
-  auto page = ctrl.transport_ref().alloc(4096);
+  auto page = ctrl.transport().alloc(4096);
   ctrl.get_log_page(nvme::log_page_id::smart_health, 0xffffffffu, *page, 512);
 }
 
 TEST_CASE("several namespaces with different block sizes", "[controller]") {
   emu::controller_config cfg;
   cfg.namespaces = {emu::namespace_config{1000, 512, nullptr}, emu::namespace_config{300, 4096, nullptr}};
-  controller ctrl(emu::make_controller(cfg), {});
+  controller ctrl(emu::make_emulated_controller(cfg), {});
   REQUIRE(ctrl.namespaces().size() == 2);
   CHECK(ctrl.ns(2).lba_size == 4096);
   CHECK(ctrl.ns(2).blocks == 300);
-  auto buf = ctrl.transport_ref().alloc(3 * 4096);
+  auto buf = ctrl.transport().alloc(3 * 4096);
   std::memset(buf->data(), 0xab, 3 * 4096);
   ctrl.write(2, 297, 3, *buf);
   std::memset(buf->data(), 0, 3 * 4096);
@@ -169,8 +173,7 @@ TEST_CASE("several namespaces with different block sizes", "[controller]") {
   CHECK_THROWS_AS(ctrl.read(2, 298, 3, *buf), bam::error); // past the end of namespace 2
 }
 
-TEST_CASE("data integrity: random writes then reads across 4 queue pairs and 8 threads",
-          "[controller][integrity]") {
+TEST_CASE("data integrity: random writes then reads across 4 queue pairs and 8 threads", "[controller][integrity]") {
   const bool on_file = GENERATE(false, true);
   CAPTURE(on_file);
   const std::uint64_t blocks = 1 << 15; // 16 MiB
@@ -181,7 +184,7 @@ TEST_CASE("data integrity: random writes then reads across 4 queue pairs and 8 t
   controller_options opts;
   opts.io_queues = 4;
   opts.queue_depth = 64;
-  controller ctrl(emu::make_controller(cfg), opts);
+  controller ctrl(emu::make_emulated_controller(cfg), opts);
   REQUIRE(ctrl.io_queue_count() == 4);
   integrity_run(ctrl, blocks, 8, 150);
 }
@@ -190,8 +193,8 @@ TEST_CASE("flush, write zeroes and deallocate", "[controller]") {
   temp_file file;
   emu::controller_config cfg;
   cfg.namespaces = {emu::namespace_config{4096, lba_size, emu::make_file_media(file.path, 4096 * lba_size, true)}};
-  controller ctrl(emu::make_controller(cfg), {});
-  auto buf = ctrl.transport_ref().alloc(64 * lba_size);
+  controller ctrl(emu::make_emulated_controller(cfg), {});
+  auto buf = ctrl.transport().alloc(64 * lba_size);
   std::memset(buf->data(), 0x5c, 64 * lba_size);
   ctrl.write(1, 100, 64, *buf);
   ctrl.flush(1);
@@ -218,7 +221,7 @@ TEST_CASE("flush, write zeroes and deallocate", "[controller]") {
 TEST_CASE("every error status of a command surfaces as bam::error", "[controller][errors]") {
   auto emu_ctrl = ram_controller(4096);
   controller ctrl(emu_ctrl, {});
-  auto buf = ctrl.transport_ref().alloc(8 * lba_size);
+  auto buf = ctrl.transport().alloc(8 * lba_size);
   const nvme::status statuses[] = {
       {nvme::status_type::media_error, nvme::media_status::unrecovered_read_error},
       {nvme::status_type::media_error, nvme::media_status::write_fault},
@@ -255,14 +258,13 @@ TEST_CASE("every error status of a command surfaces as bam::error", "[controller
 TEST_CASE("statuses the controller itself decides reach the caller", "[controller][errors]") {
   auto emu_ctrl = ram_controller(1024);
   controller ctrl(emu_ctrl, {});
-  auto buf = ctrl.transport_ref().alloc(4096);
+  auto buf = ctrl.transport().alloc(4096);
   auto q = ctrl.io_queue(0);
   // LBA out of range, bypassing the driver's own range check.
   const auto r = nvme::make_read(1, 1020, 8, buf->bus_address(0), 0);
   CHECK(q.execute(r).sc() == nvme::generic_status::lba_out_of_range);
   // Invalid namespace.
-  CHECK(q.execute(nvme::make_read(7, 0, 1, buf->bus_address(0), 0)).sc() ==
-        nvme::generic_status::invalid_namespace);
+  CHECK(q.execute(nvme::make_read(7, 0, 1, buf->bus_address(0), 0)).sc() == nvme::generic_status::invalid_namespace);
   // Invalid opcode, through the driver's admin path: a bam::error naming it.
   CHECK_THROWS_WITH(ctrl.admin(nvme::make_command(0x7f)), ContainsSubstring("Invalid Command Opcode"));
   // Invalid queue identifier: creating a queue that exists.
@@ -314,7 +316,7 @@ TEST_CASE("a dropped command times out while others complete", "[controller][tim
   r.opcode = static_cast<std::uint8_t>(nvme::nvm_opcode::write);
   r.action = emu::fault_action::drop;
   emu_ctrl->faults().add(r);
-  auto buf = ctrl.transport_ref().alloc(4096);
+  auto buf = ctrl.transport().alloc(4096);
   ctrl.read(1, 0, 8, *buf, 0, 0);
   CHECK_THROWS_WITH(ctrl.write(1, 0, 8, *buf, 0, 0), ContainsSubstring("Timeout"));
   ctrl.read(1, 0, 8, *buf, 0, 1); // another queue is unaffected
@@ -325,8 +327,7 @@ TEST_CASE("bring-up fails clearly when CSTS.RDY never rises within CAP.TO", "[co
   cfg.cap_to = 1;                     // 500 ms
   cfg.ready_delay_ns = 3'000'000'000; // longer than CAP.TO
   auto emu_ctrl = ram_controller(64, cfg);
-  CHECK_THROWS_WITH(controller(emu_ctrl, {}),
-                    ContainsSubstring("wait for CSTS.RDY=1") && ContainsSubstring("CAP.TO"));
+  CHECK_THROWS_WITH(controller(emu_ctrl, {}), ContainsSubstring("wait for CSTS.RDY=1") && ContainsSubstring("CAP.TO"));
 }
 
 namespace {
@@ -348,8 +349,7 @@ private:
 } // namespace
 
 TEST_CASE("a controller that is gone is reported, not waited for", "[controller][errors]") {
-  CHECK_THROWS_WITH(controller(std::make_shared<gone_transport>(), {}),
-                    ContainsSubstring("not responding"));
+  CHECK_THROWS_WITH(controller(std::make_shared<gone_transport>(), {}), ContainsSubstring("not responding"));
 }
 
 TEST_CASE("destroying the driver deletes its queues and shuts the controller down", "[controller]") {
@@ -384,8 +384,7 @@ TEST_CASE("queue memory that is not contiguous in bus address space is refused",
   CHECK_THROWS_WITH(controller(emu_ctrl, opts), ContainsSubstring("not contiguous"));
 }
 
-TEST_CASE("many threads of multi-command transfers share the PRP list pool without deadlock",
-          "[controller][stress]") {
+TEST_CASE("many threads of multi-command transfers share the PRP list pool without deadlock", "[controller][stress]") {
   emu::controller_config cfg;
   cfg.mdts = 1; // 8 KiB per command: a 128 KiB read is 16 commands
   auto emu_ctrl = ram_controller(1 << 14, cfg);
@@ -398,11 +397,13 @@ TEST_CASE("many threads of multi-command transfers share the PRP list pool witho
   std::vector<std::thread> pool;
   for (int t = 0; t < 16; ++t)
     pool.emplace_back([&, t] {
-      auto buf = ctrl.transport_ref().alloc(256 * lba_size);
-      for (int i = 0; i < 4; ++i) ctrl.read(1, static_cast<std::uint64_t>(t) * 512, 256, *buf, 0, t % 4);
+      auto buf = ctrl.transport().alloc(256 * lba_size);
+      for (int i = 0; i < 4; ++i)
+        ctrl.read(1, static_cast<std::uint64_t>(t) * 512, 256, *buf, 0, t % 4);
       done.fetch_add(1);
     });
-  for (auto& th : pool) th.join();
+  for (auto& th : pool)
+    th.join();
   CHECK(done.load() == 16);
 }
 
@@ -420,7 +421,7 @@ TEST_CASE("a completion that arrives after its timeout lands in memory still res
   r.latency_ns = 400'000'000; // completes 4x later than the deadline
   r.count = 0;
   emu_ctrl->faults().add(r);
-  auto buf = ctrl.transport_ref().alloc(512 * lba_size);
+  auto buf = ctrl.transport().alloc(512 * lba_size);
   CHECK_THROWS_WITH(ctrl.read(1, 0, 512, *buf), ContainsSubstring("Timeout"));
   std::this_thread::sleep_for(std::chrono::milliseconds(600));
   // The late completions are consumed by the next caller's poll.
@@ -518,7 +519,8 @@ TEST_CASE("a PRP list wait with a timeout past the clock's range waits instead o
   bam::detail::prp_pool pool;
   pool.setup(*emu_ctrl, 1 << 20);
   std::vector<std::uint32_t> taken;
-  while (const auto e = pool.try_acquire()) taken.push_back(*e);
+  while (const auto e = pool.try_acquire())
+    taken.push_back(*e);
   REQUIRE(taken.size() == bam::detail::prp_pool::entries);
   // One entry comes back 100 ms later; a timeout that overflowed std::chrono
   // (2^64 - 1 ns as a signed count: -1) ended the wait at once with an error.

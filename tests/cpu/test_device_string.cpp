@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-#include <bam/device_string.hpp>
+#include <bam/transport/device_string.hpp>
 
 #include <catch2/catch_test_macros.hpp>
 

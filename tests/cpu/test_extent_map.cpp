@@ -4,9 +4,9 @@
 // the raw block device that holds them (where that device can be opened),
 // and files on tmpfs, which fall back to the software controller reading the
 // file itself.
-#include <bam/controller.hpp>
-#include <bam/device_string.hpp>
-#include <bam/mapped_file.hpp>
+#include <bam/host.hpp>
+#include <bam/transport/device_string.hpp>
+#include <bam/file/mapped_file.hpp>
 #include <bam/transport/open.hpp>
 
 #include <catch2/catch_test_macros.hpp>
@@ -41,7 +41,8 @@ bam::block_device_info disk(std::uint32_t lbs = 512, std::uint64_t part_start = 
 constexpr std::uint32_t last = FIEMAP_EXTENT_LAST;
 
 //! The error a call throws, or "" if it throws none.
-template <class F> std::pair<std::string, int> thrown(F&& f) {
+template <class F>
+std::pair<std::string, int> thrown(F&& f) {
   try {
     f();
   } catch (const bam::error& e) {
@@ -154,7 +155,9 @@ TEST_CASE("extent map: the disk's logical block size is respected", "[extent]") 
   CHECK(err == EINVAL);
   CHECK_THAT(msg, ContainsSubstring("not in whole 4096-byte logical blocks"));
   // A partition that does not start on a logical block.
-  std::tie(msg, err) = thrown([] { bam::extent_map::from_extents("f", {{0, 0, 4096, last}}, 4096, disk(4096, 63 * 512)); });
+  std::tie(msg, err) = thrown([] {
+    bam::extent_map::from_extents("f", {{0, 0, 4096, last}}, 4096, disk(4096, 63 * 512));
+  });
   CHECK_THAT(msg, ContainsSubstring("partition nvme9n1p1 starts at byte 32256"));
   // On 4 KiB blocks, LBAs count 4 KiB units; a file's last block may be partial.
   const auto m = bam::extent_map::from_extents("f", {{0, 1 << 20, 8192, last}}, 5000, disk(4096, 1 << 20));
@@ -164,7 +167,9 @@ TEST_CASE("extent map: the disk's logical block size is respected", "[extent]") 
   // A piece past the disk's end (a disk smaller than the layout says) is refused.
   auto small = disk();
   small.disk_bytes = 1 << 20;
-  CHECK_THAT(thrown([&] { bam::extent_map::from_extents("f", {{0, 1 << 20, 4096, last}}, 4096, small); }).first,
+  CHECK_THAT(thrown([&] {
+               bam::extent_map::from_extents("f", {{0, 1 << 20, 4096, last}}, 4096, small);
+             }).first,
              ContainsSubstring("past the end of nvme9n1"));
   // Preallocated past the end of the file: not part of the map.
   const auto pre = bam::extent_map::from_extents(
@@ -177,7 +182,8 @@ TEST_CASE("extent map: a million fragments, looked up by bisection", "[extent]")
   // Every other 4 KiB block of the disk, so no two pieces merge.
   constexpr std::uint64_t n = 1'000'000;
   std::vector<bam::raw_extent> raw(n);
-  for (std::uint64_t i = 0; i < n; ++i) raw[i] = {i * 4096, (1ull << 30) + i * 8192, 4096, i + 1 == n ? last : 0u};
+  for (std::uint64_t i = 0; i < n; ++i)
+    raw[i] = {i * 4096, (1ull << 30) + i * 8192, 4096, i + 1 == n ? last : 0u};
   std::shuffle(raw.begin(), raw.end(), std::mt19937_64(7)); // the map sorts them
   const auto m = bam::extent_map::from_extents("big", raw, n * 4096, disk());
   REQUIRE(m.runs() == n);
@@ -265,7 +271,8 @@ namespace {
 std::vector<unsigned char> pattern(std::size_t n, std::uint32_t seed) {
   std::vector<unsigned char> v(n);
   std::mt19937 rng(seed);
-  for (auto& b : v) b = static_cast<unsigned char>(rng());
+  for (auto& b : v)
+    b = static_cast<unsigned char>(rng());
   return v;
 }
 
@@ -337,7 +344,10 @@ void check_files_in(const std::filesystem::path& where) {
   bam::read_mapped(*ctrl, nsid, *m, 0, got.data(), got.size());
   CHECK(same(got, data));
   // Unaligned pieces, across block and run boundaries.
-  for (auto [off, len] : {std::pair<std::uint64_t, std::size_t>{1, 1}, {511, 2}, {4095, 8193}, {(1 << 20) - 3, 700001},
+  for (auto [off, len] : {std::pair<std::uint64_t, std::size_t>{1, 1},
+                          {511, 2},
+                          {4095, 8193},
+                          {(1 << 20) - 3, 700001},
                           {data.size() - 5, 5}}) {
     std::vector<unsigned char> part(len);
     bam::read_mapped(*ctrl, nsid, *m, off, part.data(), len);
@@ -347,7 +357,7 @@ void check_files_in(const std::filesystem::path& where) {
   CHECK(thrown([&] { bam::read_mapped(*ctrl, nsid, *m, data.size() - 1, got.data(), 2); }).second == EINVAL);
   // The raw controller is read-only: a write (to this file's own first
   // block, had it gone through) is refused by the controller itself.
-  auto buf = ctrl->transport_ref().alloc(4096);
+  auto buf = ctrl->transport().alloc(4096);
   try {
     ctrl->write(nsid, m->ref().find(0).lba, 1, *buf);
     FAIL("a write through a read-only controller succeeded");
@@ -376,7 +386,7 @@ void check_files_in(const std::filesystem::path& where) {
     bam::controller fc(bam::open_host_transports(bam::parse_device("emu:extents=" + file)).at(0));
     // The file, then zeroes up to a multiple of 64 KiB (cache pages of any size fit).
     REQUIRE(fc.ns(1).blocks == (want.size() + 65535) / 65536 * 128);
-    auto all = fc.transport_ref().alloc(fc.ns(1).blocks * 512);
+    auto all = fc.transport().alloc(fc.ns(1).blocks * 512);
     fc.read(1, 0, static_cast<std::uint32_t>(fc.ns(1).blocks), *all);
     CHECK(std::equal(want.begin(), want.end(), all->as<unsigned char>()));
     CHECK(std::all_of(all->as<unsigned char>() + want.size(), all->as<unsigned char>() + fc.ns(1).blocks * 512,
@@ -405,7 +415,7 @@ void check_files_in(const std::filesystem::path& where) {
              ContainsSubstring("a hole of"));
   {
     bam::controller hc(bam::open_host_transports(bam::parse_device("emu:extents=" + sp + ",holes")).at(0));
-    auto all = hc.transport_ref().alloc(hc.ns(1).blocks * 512);
+    auto all = hc.transport().alloc(hc.ns(1).blocks * 512);
     hc.read(1, 0, static_cast<std::uint32_t>(hc.ns(1).blocks), *all);
     CHECK(std::equal(gs.begin(), gs.end(), all->as<unsigned char>()));
   }
@@ -417,7 +427,7 @@ void check_files_in(const std::filesystem::path& where) {
   bam::set_warning_handler([&](const std::string& w) { warnings.push_back(w); });
   write_file(contiguous, pattern(4096, 6), data.size(), false); // appended
   ::usleep(150000);
-  auto wb = watched.transport_ref().alloc(4096);
+  auto wb = watched.transport().alloc(4096);
   CHECK_THAT(thrown([&] { watched.read(1, 0, 8, *wb); }).first, ContainsSubstring("Unrecovered Read Error"));
   bam::set_warning_handler({});
   REQUIRE(warnings.size() == 1);
@@ -446,10 +456,12 @@ struct loop_ext4 {
     std::string out;
     if (FILE* p = ::popen((cmd + " 2>&1").c_str(), "r")) {
       char buf[256];
-      while (std::fgets(buf, sizeof buf, p)) out += buf;
+      while (std::fgets(buf, sizeof buf, p))
+        out += buf;
       if (::pclose(p) != 0) throw std::runtime_error(cmd + ": " + out);
     }
-    while (!out.empty() && out.back() == '\n') out.pop_back();
+    while (!out.empty() && out.back() == '\n')
+      out.pop_back();
     return out;
   }
   loop_ext4() {
@@ -523,7 +535,10 @@ TEST_CASE("extent map: writes through raw blocks land in the file's own blocks, 
   o.for_writing = true;
   const auto m = bam::extent_map::of_file(path, o);
   for (auto [off, len, seed] : {std::tuple<std::uint64_t, std::size_t, std::uint32_t>{4095, 1000, 30},
-                                {8192, 1 << 20, 31}, {model.size() - 5, 5, 32}, {0, 1, 33}, {777, 2 * 4096 + 3, 34}}) {
+                                {8192, 1 << 20, 31},
+                                {model.size() - 5, 5, 32},
+                                {0, 1, 33},
+                                {777, 2 * 4096 + 3, 34}}) {
     const auto bytes = pattern(len, seed);
     bam::write_mapped(ctrl, 1, m, off, bytes.data(), len);
     std::copy(bytes.begin(), bytes.end(), model.begin() + static_cast<std::ptrdiff_t>(off));
@@ -564,7 +579,7 @@ TEST_CASE("extent map: a file on tmpfs falls back to the software controller rea
   bam::controller ctrl(bam::open_host_transports(bam::parse_device(a.device)).at(0));
   const std::uint64_t blocks = (data.size() + 511) / 512;
   REQUIRE(ctrl.ns(1).blocks >= blocks);
-  auto buf = ctrl.transport_ref().alloc(blocks * 512);
+  auto buf = ctrl.transport().alloc(blocks * 512);
   ctrl.read(1, 0, static_cast<std::uint32_t>(blocks), *buf);
   CHECK(std::equal(data.begin(), data.end(), buf->as<unsigned char>()));
   CHECK(buf->as<unsigned char>()[data.size()] == 0);

@@ -2,7 +2,7 @@
 // The extent lookup compiles for the device as for the host (nvcc), and
 // the host side of that build answers as the g++ build does. A kernel that
 // translates file blocks is compiled here too; GPU tests launch such kernels.
-#include <bam/extent_map_ref.hpp>
+#include <bam/file/extent_map_ref.hpp>
 
 #include <catch2/catch_test_macros.hpp>
 

@@ -4,7 +4,7 @@
 // completion entries for commands that are not in flight.
 #include "loopback_controller.hpp"
 
-#include <bam/controller.hpp>
+#include <bam/host.hpp>
 #include <bam/emu.hpp>
 
 #include <catch2/catch_test_macros.hpp>
@@ -34,9 +34,7 @@ public:
   }
   void write32(std::uint32_t off, std::uint32_t v) override { inner_->write32(off, v); }
   volatile std::uint32_t* doorbell(std::uint32_t off) override { return inner_->doorbell(off); }
-  std::unique_ptr<dma_region> map(void* p, std::size_t n, memory_kind k) override {
-    return inner_->map(p, n, k);
-  }
+  std::unique_ptr<dma_region> map(void* p, std::size_t n, memory_kind k) override { return inner_->map(p, n, k); }
 
 private:
   std::shared_ptr<transport> inner_;
@@ -54,12 +52,11 @@ std::string bring_up_error(std::shared_ptr<transport> t) {
 
 } // namespace
 
-TEST_CASE("a controller reporting CAP.MQES = 0 is refused, not divided by",
-          "[controller][hostile]") {
+TEST_CASE("a controller reporting CAP.MQES = 0 is refused, not divided by", "[controller][hostile]") {
   nvme::cap_register mask{};
   mask.raw = ~0ull;
   mask.bits.mqes = 0;
-  auto t = std::make_shared<cap_override>(emu::make_ram_controller(1 << 20), mask.raw, 0);
+  auto t = std::make_shared<cap_override>(emu::make_ram_emulated_controller(1 << 20), mask.raw, 0);
   const std::string e = bring_up_error(t);
   CHECK(e.find("CAP.MQES is 0") != std::string::npos);
   CHECK(e.find("state 'disable'") != std::string::npos);
@@ -76,7 +73,7 @@ TEST_CASE("a doorbell stride that puts doorbells outside the registers fails bri
   nvme::cap_register mask{};
   mask.raw = ~0ull;
   mask.bits.dstrd = 0;
-  auto t = std::make_shared<cap_override>(emu::make_ram_controller(1 << 20), mask.raw, bits.raw);
+  auto t = std::make_shared<cap_override>(emu::make_ram_emulated_controller(1 << 20), mask.raw, bits.raw);
   const std::string e = bring_up_error(t);
   CHECK(e.find("outside the register file") != std::string::npos);
 }
@@ -113,15 +110,14 @@ struct hand_queue {
     REQUIRE(q.submit(nvme::make_flush(1), b) == nvme::status_success);
   }
   void post(std::uint16_t cid, std::uint16_t sq_id, std::uint16_t sq_head, std::uint32_t dw0 = 0) {
-    emu::write_completion(cq.data(), depth, posted++, sq_head, sq_id, cid, nvme::status_success,
-                          dw0, nvme::memory_scope::system);
+    emu::write_completion(cq.data(), depth, posted++, sq_head, sq_id, cid, nvme::status_success, dw0,
+                          nvme::memory_scope::system);
   }
 };
 
 } // namespace
 
-TEST_CASE("a completion for a command id with nothing in flight never completes a later command",
-          "[queue][hostile]") {
+TEST_CASE("a completion for a command id with nothing in flight never completes a later command", "[queue][hostile]") {
   hand_queue h;
   // A stray completion for cid 2 before anything was submitted: consumed, dropped.
   h.post(2, h.q.qid, 0);
@@ -186,10 +182,10 @@ TEST_CASE("in one batch of completions: a repeat after the real one is dropped, 
   std::uint64_t a = 0, b = 0;
   h.submit_flushes(a, b);
   // Posted before anyone polls, so one poll consumes them together.
-  h.post(h.q.cid_of(a), h.q.qid, 2, 111);                                    // a's completion
-  h.post(h.q.cid_of(a), h.q.qid, 2, 222);                                    // the same again
-  h.post(h.q.cid_of(b), static_cast<std::uint16_t>(h.q.qid + 1), 2, 333);    // b's id, wrong SQ
-  h.post(h.q.cid_of(b), h.q.qid, 2, 444);                                    // b's completion
+  h.post(h.q.cid_of(a), h.q.qid, 2, 111);                                 // a's completion
+  h.post(h.q.cid_of(a), h.q.qid, 2, 222);                                 // the same again
+  h.post(h.q.cid_of(b), static_cast<std::uint16_t>(h.q.qid + 1), 2, 333); // b's id, wrong SQ
+  h.post(h.q.cid_of(b), h.q.qid, 2, 444);                                 // b's completion
   CHECK(h.q.poll() == 4);
   std::uint32_t dw0 = 0;
   CHECK(h.q.wait(a, &dw0) == nvme::status_success);
@@ -198,8 +194,7 @@ TEST_CASE("in one batch of completions: a repeat after the real one is dropped, 
   CHECK(dw0 == 444u);
 }
 
-TEST_CASE("a completion whose SQ head says its command was never fetched is dropped",
-          "[queue][hostile]") {
+TEST_CASE("a completion whose SQ head says its command was never fetched is dropped", "[queue][hostile]") {
   hand_queue h;
   std::uint64_t a = 0, b = 0;
   h.submit_flushes(a, b);
@@ -253,5 +248,5 @@ TEST_CASE("a controller that reports a lower bound of its SQ head completes comm
 }
 
 TEST_CASE("the CPU engine reports its fetch position as the SQ head", "[queue][hostile]") {
-  CHECK(emu::make_ram_controller(1 << 20)->exact_sq_head());
+  CHECK(emu::make_ram_emulated_controller(1 << 20)->exact_sq_head());
 }

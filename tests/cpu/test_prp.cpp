@@ -18,7 +18,8 @@ constexpr std::uint64_t page = 4096;
 // arithmetic on i predicts.
 std::vector<std::uint64_t> scattered_pages(std::size_t n) {
   std::vector<std::uint64_t> bus(n);
-  for (std::size_t i = 0; i < n; ++i) bus[i] = (0x7000'0000ull + (i * 7919 % 100003) * 2) * page;
+  for (std::size_t i = 0; i < n; ++i)
+    bus[i] = (0x7000'0000ull + (i * 7919 % 100003) * 2) * page;
   return bus;
 }
 
@@ -40,14 +41,15 @@ struct list_pages {
     if (it == by_bus.end()) return false;
     const std::size_t first = (addr - base) / 8;
     if (first + count > page / 8) return false;
-    for (std::size_t k = 0; k < count; ++k) dst[k] = it->second[first + k];
+    for (std::size_t k = 0; k < count; ++k)
+      dst[k] = it->second[first + k];
     return true;
   }
 };
 
 // Expected segments: what a transfer of `bytes` at `offset` into the scattered buffer touches.
-std::vector<std::pair<std::uint64_t, std::uint64_t>>
-expected_segments(const std::vector<std::uint64_t>& bus, std::uint64_t offset, std::uint64_t bytes) {
+std::vector<std::pair<std::uint64_t, std::uint64_t>> expected_segments(const std::vector<std::uint64_t>& bus,
+                                                                       std::uint64_t offset, std::uint64_t bytes) {
   std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
   std::uint64_t pos = offset;
   const std::uint64_t end = offset + bytes;
@@ -96,13 +98,11 @@ TEST_CASE("built PRP lists walk back to the same segments", "[prp]") {
   const auto bus = scattered_pages(pages_in_buffer);
   const std::uint64_t offset = GENERATE(0ull, 4ull, 512ull, 4092ull, 8192ull + 1024ull);
   const std::uint64_t bytes =
-      GENERATE(4ull, 4096ull, 8192ull, 12288ull + 512ull, 512ull * 4096ull, 513ull * 4096ull,
-               1100ull * 4096ull);
+      GENERATE(4ull, 4096ull, 8192ull, 12288ull + 512ull, 512ull * 4096ull, 513ull * 4096ull, 1100ull * 4096ull);
   const std::uint64_t pages = prp_pages_spanned(offset % page, bytes, page);
   list_pages lists(prp_list_pages_needed(pages, page));
   prp_pair p;
-  REQUIRE(build_prp(bus.data(), offset, bytes, page, lists.virt.data(), lists.bus.data(),
-                    lists.virt.size(), p));
+  REQUIRE(build_prp(bus.data(), offset, bytes, page, lists.virt.data(), lists.bus.data(), lists.virt.size(), p));
   std::vector<std::pair<std::uint64_t, std::uint64_t>> got;
   const status st = walk_prp(
       p.prp1, p.prp2, bytes, page,
@@ -130,21 +130,18 @@ TEST_CASE("walk_prp rejects bad PRPs as a controller would", "[prp]") {
   // PRP1 not dword aligned
   CHECK(walk_prp(0x1002, 0, 512, page, no_list, any).sc() == generic_status::invalid_prp_offset);
   // PRP2 with an offset for a two-page transfer
-  CHECK(walk_prp(0x1000, 0x2200, 8192, page, no_list, any).sc() ==
-        generic_status::invalid_prp_offset);
+  CHECK(walk_prp(0x1000, 0x2200, 8192, page, no_list, any).sc() == generic_status::invalid_prp_offset);
   // list that cannot be read
-  CHECK(walk_prp(0x1000, 0x5000, 3 * page, page, no_list, any).sc() ==
-        generic_status::data_transfer_error);
+  CHECK(walk_prp(0x1000, 0x5000, 3 * page, page, no_list, any).sc() == generic_status::data_transfer_error);
   // a segment the memory model refuses
   auto refuse = [](std::uint64_t, std::uint64_t) { return false; };
-  CHECK(walk_prp(0x1000, 0, 512, page, no_list, refuse).sc() ==
-        generic_status::data_transfer_error);
+  CHECK(walk_prp(0x1000, 0, 512, page, no_list, refuse).sc() == generic_status::data_transfer_error);
   // list entry with an offset
   list_pages lists(1);
   lists.mem[0][0] = 0x3000;
   lists.mem[0][1] = 0x4010;
-  CHECK(walk_prp(0x1000, lists.bus[0], 3 * page, page,
-                 [&](std::uint64_t a, std::uint64_t* d, std::size_t n) { return lists.read(a, d, n); },
-                 any)
+  CHECK(walk_prp(
+            0x1000, lists.bus[0], 3 * page, page,
+            [&](std::uint64_t a, std::uint64_t* d, std::size_t n) { return lists.read(a, d, n); }, any)
             .sc() == generic_status::invalid_prp_offset);
 }

@@ -26,7 +26,8 @@ struct fixture {
     q.cids_per_queue = 15;
     q.max_transfer_bytes = 64 * 1024;
     q.prp_lists = lists.data();
-    for (std::size_t i = 0; i < lists.size() * 8 / 4096; ++i) list_bus.push_back(0x7000'0000ull + i * 4096);
+    for (std::size_t i = 0; i < lists.size() * 8 / 4096; ++i)
+      list_bus.push_back(0x7000'0000ull + i * 4096);
     q.prp_list_bus = list_bus.data();
   }
 };
@@ -36,8 +37,8 @@ struct fixture {
 TEST_CASE("GPU I/O requests that PRPs cannot describe are refused before submission", "[queue_set]") {
   fixture f;
   CHECK(f.q.check_rw(0, 8, 0).ok());
-  CHECK(f.q.check_rw(0, 8, 512).ok());            // a 512-byte offset: PRP1 carries it
-  CHECK(!f.q.check_rw(0, 8, 2).ok());             // not dword aligned
+  CHECK(f.q.check_rw(0, 8, 512).ok()); // a 512-byte offset: PRP1 carries it
+  CHECK(!f.q.check_rw(0, 8, 2).ok());  // not dword aligned
   CHECK(!f.q.check_rw(0, 8, 4096 + 6).ok());
   CHECK(!f.q.check_rw(0, 0, 0).ok());             // nothing to move
   CHECK(!f.q.check_rw((1 << 20) - 4, 8, 0).ok()); // past the namespace
@@ -53,7 +54,8 @@ TEST_CASE("GPU I/O requests that PRPs cannot describe are refused before submiss
 TEST_CASE("GPU I/O builds PRPs in the list of its command id", "[queue_set]") {
   fixture f;
   std::vector<std::uint64_t> page_bus;
-  for (int i = 0; i < 32; ++i) page_bus.push_back(0x1000'0000ull + 0x10'0000ull * i); // scattered pages
+  for (int i = 0; i < 32; ++i)
+    page_bus.push_back(0x1000'0000ull + 0x10'0000ull * i); // scattered pages
   // One page at an offset: PRP1 only.
   auto c = f.q.build_rw(bam::nvme::nvm_opcode::read, 10, 1, page_bus.data(), 4096 + 512, 0, 0);
   CHECK(c.prp1 == page_bus[1] + 512);
@@ -67,5 +69,6 @@ TEST_CASE("GPU I/O builds PRPs in the list of its command id", "[queue_set]") {
   c = f.q.build_rw(bam::nvme::nvm_opcode::read, 0, 128, page_bus.data(), 0, 2, 5);
   const std::size_t list = (2 * 15 + 5) * 16;
   CHECK(c.prp2 == f.list_bus[list * 8 / 4096] + list * 8 % 4096);
-  for (int k = 0; k < 15; ++k) CHECK(f.lists[list + k] == page_bus[1 + k]);
+  for (int k = 0; k < 15; ++k)
+    CHECK(f.lists[list + k] == page_bus[1 + k]);
 }

@@ -25,8 +25,7 @@ struct outcome {
   explicit outcome(std::size_t n) : seen(n) {}
 };
 
-void submit_all(const nvme::queue_pair_ref& q, outcome& out, int thread, std::uint32_t per_thread,
-                bool async_pairs) {
+void submit_all(const nvme::queue_pair_ref& q, outcome& out, int thread, std::uint32_t per_thread, bool async_pairs) {
   for (std::uint32_t i = 0; i < per_thread; i += async_pairs ? 2 : 1) {
     // Each command carries a unique id in CDW12; the peer echoes a token of it.
     const std::uint32_t id = static_cast<std::uint32_t>(thread) * per_thread + i;
@@ -67,8 +66,7 @@ void submit_all(const nvme::queue_pair_ref& q, outcome& out, int thread, std::ui
 }
 } // namespace
 
-TEST_CASE("queue protocol: 16 threads, 100,000 commands, every one completed exactly once",
-          "[queue][stress]") {
+TEST_CASE("queue protocol: 16 threads, 100,000 commands, every one completed exactly once", "[queue][stress]") {
   const std::uint32_t depth = GENERATE(2u, 8u, 1024u);
   const bool async_pairs = GENERATE(false, true);
   CAPTURE(depth, async_pairs);
@@ -80,12 +78,14 @@ TEST_CASE("queue protocol: 16 threads, 100,000 commands, every one completed exa
   std::vector<std::thread> threads;
   for (int t = 0; t < submitters; ++t)
     threads.emplace_back([&, t] { submit_all(q, out, t, per_thread, async_pairs); });
-  for (auto& t : threads) t.join();
+  for (auto& t : threads)
+    t.join();
 
   CHECK(out.failed.load() == 0);
   CHECK(out.mismatched.load() == 0);
   std::size_t not_once = 0;
-  for (auto& s : out.seen) not_once += s.load() != 1;
+  for (auto& s : out.seen)
+    not_once += s.load() != 1;
   CHECK(not_once == 0);
   CHECK(peer.completed() == static_cast<std::uint64_t>(per_thread) * submitters);
   CHECK(peer.overruns() == 0);
@@ -97,8 +97,7 @@ TEST_CASE("queue protocol: 16 threads, 100,000 commands, every one completed exa
   CHECK_FALSE(q.broken());
 }
 
-TEST_CASE("queue protocol: contiguous ready slots are published with one doorbell write",
-          "[queue]") {
+TEST_CASE("queue protocol: contiguous ready slots are published with one doorbell write", "[queue]") {
   test::loopback_controller peer(64, 13);
   auto q = peer.queue();
   // Hold the doorbell lock as a slow ringer would, while 10 commands become ready.
@@ -116,7 +115,8 @@ TEST_CASE("queue protocol: contiguous ready slots are published with one doorbel
   q.ring();
   CHECK(q.counters->submitted == 10);
   CHECK(q.counters->doorbells == 1);
-  for (std::uint32_t i = 0; i < 10; ++i) CHECK(q.wait(tickets[i], rec[i]).ok());
+  for (std::uint32_t i = 0; i < 10; ++i)
+    CHECK(q.wait(tickets[i], rec[i]).ok());
 }
 
 TEST_CASE("queue protocol: error statuses reach the submitter of that command", "[queue]") {
@@ -132,17 +132,17 @@ TEST_CASE("queue protocol: error statuses reach the submitter of that command", 
         c.cdw12 = static_cast<std::uint32_t>(t) * 2000 + i;
         const bool should_fail = (test::echo_token(c) & (1u << 4)) != 0;
         const nvme::status st = q.execute(c);
-        const bool failed = st.sct() == nvme::status_type::media_error &&
-                            st.sc() == nvme::media_status::unrecovered_read_error;
+        const bool failed =
+            st.sct() == nvme::status_type::media_error && st.sc() == nvme::media_status::unrecovered_read_error;
         if (failed != should_fail || (!failed && !st.ok())) wrong.fetch_add(1);
       }
     });
-  for (auto& t : threads) t.join();
+  for (auto& t : threads)
+    t.join();
   CHECK(wrong.load() == 0);
 }
 
-TEST_CASE("queue protocol: a peer that stops answering gives a timeout, then a broken queue",
-          "[queue][timeout]") {
+TEST_CASE("queue protocol: a peer that stops answering gives a timeout, then a broken queue", "[queue][timeout]") {
   test::loopback_controller peer(8, 5);
   auto q = peer.queue();
   q.timeout_ns = 200'000'000; // 200 ms
@@ -176,13 +176,13 @@ TEST_CASE("queue protocol: many threads time out together without hanging", "[qu
         if (st.ok()) non_error.fetch_add(1);
       }
     });
-  for (auto& t : threads) t.join();
+  for (auto& t : threads)
+    t.join();
   CHECK(non_error.load() == 0);
   CHECK(q.broken());
 }
 
-TEST_CASE("queue protocol: no ready entry is left unpublished when two submitters race",
-          "[queue][stress]") {
+TEST_CASE("queue protocol: no ready entry is left unpublished when two submitters race", "[queue][stress]") {
   test::loopback_controller peer(1024, 11);
   auto q = peer.queue();
   constexpr int rounds = 100'000;
@@ -198,7 +198,8 @@ TEST_CASE("queue protocol: no ready entry is left unpublished when two submitter
       // Both submit() calls have returned: both entries must be rung by now.
       // Two barriers a round; barrier k is passed when `arrived` reaches 2k.
       arrived.fetch_add(1);
-      while (arrived.load() < 4 * r + 2) std::this_thread::yield();
+      while (arrived.load() < 4 * r + 2)
+        std::this_thread::yield();
       if (me == 0) {
         const std::uint64_t tail =
             cuda::atomic_ref<std::uint64_t, cuda::thread_scope_device>(q.counters->sq_tail).load();
@@ -206,7 +207,8 @@ TEST_CASE("queue protocol: no ready entry is left unpublished when two submitter
       }
       if (!q.wait(ticket, rec[me]).ok()) failures.fetch_add(1);
       arrived.fetch_add(1);
-      while (arrived.load() < 4 * r + 4) std::this_thread::yield();
+      while (arrived.load() < 4 * r + 4)
+        std::this_thread::yield();
     }
   };
   std::thread other(body, 1);

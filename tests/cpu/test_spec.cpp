@@ -58,10 +58,10 @@ TEST_CASE("command encoders place fields where the spec says", "[spec]") {
   CHECK(raw[0] == 0x02);
   std::uint32_t dw[16];
   std::memcpy(dw, &r, 64);
-  CHECK(dw[1] == 7);                 // NSID
-  CHECK(dw[10] == 0x2345'6789u);     // SLBA low
-  CHECK(dw[11] == 0x1u);             // SLBA high
-  CHECK((dw[12] & 0xffff) == 15);    // NLB, 0-based
+  CHECK(dw[1] == 7);              // NSID
+  CHECK(dw[10] == 0x2345'6789u);  // SLBA low
+  CHECK(dw[11] == 0x1u);          // SLBA high
+  CHECK((dw[12] & 0xffff) == 15); // NLB, 0-based
   CHECK(command_nblocks(r) == 16);
   CHECK(command_slba(r) == 0x1'2345'6789ull);
   CHECK(r.prp1 == 0x1000);
@@ -104,8 +104,8 @@ TEST_CASE("completion status decodes SCT, SC, DNR and phase", "[spec]") {
   CHECK(status_success.ok());
   CHECK(std::string(status_name(status{status_type::generic, generic_status::invalid_opcode})) ==
         "Invalid Command Opcode");
-  CHECK(std::string(status_name(status{status_type::command_specific,
-                                       command_specific_status::invalid_queue_identifier})) ==
+  CHECK(std::string(
+            status_name(status{status_type::command_specific, command_specific_status::invalid_queue_identifier})) ==
         "Invalid Queue Identifier");
   CHECK(std::string(status_name(status_timeout)) == "Timeout (no completion)");
   CHECK(status_timeout.is_bam(bam_status::timeout));

@@ -2,7 +2,7 @@
 // The CPU engine for GPU clients, with no GPU: its copies between the media
 // and "GPU memory" go through a host copier that can be told to fail. The
 // commands come from host threads through the same queues GPU threads use.
-#include <bam/controller.hpp>
+#include <bam/host.hpp>
 #include <bam/emu.hpp>
 #include <bam/emu/client_engine.hpp>
 
@@ -59,7 +59,7 @@ struct rig {
     cfg.mdts = 5; // the engine's bounce buffers
     cfg.max_io_queues = max_qid;
     cfg.io_engine = engine;
-    emu_ctrl = emu::make_controller(cfg);
+    emu_ctrl = emu::make_emulated_controller(cfg);
     controller_options opts;
     opts.io_queues = 1;
     opts.queue_depth = 32;
@@ -83,8 +83,9 @@ struct rig {
 
 TEST_CASE("CPU engine for GPU clients: writes reach the media, reads come back", "[emu][client]") {
   rig r;
-  auto buf = r.ctrl->transport_ref().alloc(8 * lba_size);
-  for (std::uint32_t k = 0; k < 8 * lba_size; ++k) buf->as<std::uint8_t>()[k] = pattern(100 + k / lba_size, k % lba_size);
+  auto buf = r.ctrl->transport().alloc(8 * lba_size);
+  for (std::uint32_t k = 0; k < 8 * lba_size; ++k)
+    buf->as<std::uint8_t>()[k] = pattern(100 + k / lba_size, k % lba_size);
   REQUIRE(r.rw(nvme::nvm_opcode::write, 100, 8, *buf) == nvme::status_success);
   const auto m = r.media_bytes(100, 8);
   CHECK(std::memcmp(m.data(), buf->data(), m.size()) == 0);
@@ -101,8 +102,9 @@ TEST_CASE("CPU engine for GPU clients: writes reach the media, reads come back",
 TEST_CASE("CPU engine for GPU clients: a failed copy completes with Data Transfer Error and changes nothing",
           "[emu][client]") {
   rig r;
-  auto buf = r.ctrl->transport_ref().alloc(8 * lba_size);
-  for (std::uint32_t k = 0; k < 8 * lba_size; ++k) buf->as<std::uint8_t>()[k] = 0xab;
+  auto buf = r.ctrl->transport().alloc(8 * lba_size);
+  for (std::uint32_t k = 0; k < 8 * lba_size; ++k)
+    buf->as<std::uint8_t>()[k] = 0xab;
   const auto before = r.media_bytes(200, 8);
   const nvme::status dte{nvme::status_type::generic, nvme::generic_status::data_transfer_error};
   r.fail = true;
@@ -119,7 +121,7 @@ TEST_CASE("CPU engine for GPU clients: a failed copy completes with Data Transfe
 
 TEST_CASE("CPU engine for GPU clients: fault rules apply to its commands", "[emu][client]") {
   rig r;
-  auto buf = r.ctrl->transport_ref().alloc(lba_size);
+  auto buf = r.ctrl->transport().alloc(lba_size);
   emu::fault_rule f;
   f.opcode = static_cast<std::uint8_t>(nvme::nvm_opcode::read);
   f.lba_first = 7;
@@ -131,10 +133,9 @@ TEST_CASE("CPU engine for GPU clients: fault rules apply to its commands", "[emu
   CHECK(r.emu_ctrl->faults().fired(id) == 1);
 }
 
-TEST_CASE("CPU engine for GPU clients: completions wait for CQ room, however long, and none is lost",
-          "[emu][client]") {
+TEST_CASE("CPU engine for GPU clients: completions wait for CQ room, however long, and none is lost", "[emu][client]") {
   rig r;
-  transport& t = r.ctrl->transport_ref();
+  transport& t = r.ctrl->transport();
   // A second queue pair by hand: an SQ of 32 entries on a CQ of 4.
   constexpr std::uint16_t qid = 2;
   constexpr std::uint32_t sq_depth = 32, cq_depth = 4, total = 12;

@@ -70,8 +70,7 @@ std::uint32_t cc_enable_value() {
 //! LBA-derived pattern: every 8-byte word names its LBA and position.
 //! Completion dword 3 (cid, phase, status), loaded the way a host must: acquire.
 std::uint32_t cqe_dw3(const nvme::completion& c) {
-  auto* w = reinterpret_cast<std::uint32_t*>(
-      reinterpret_cast<unsigned char*>(const_cast<nvme::completion*>(&c)) + 12);
+  auto* w = reinterpret_cast<std::uint32_t*>(reinterpret_cast<unsigned char*>(const_cast<nvme::completion*>(&c)) + 12);
   return std::atomic_ref<std::uint32_t>(*w).load(std::memory_order_acquire);
 }
 bool cqe_phase(const nvme::completion& c) { return (cqe_dw3(c) >> 16) & 1; }
@@ -79,16 +78,15 @@ bool cqe_phase(const nvme::completion& c) { return (cqe_dw3(c) >> 16) & 1; }
 std::uint64_t word_of(std::uint64_t lba, std::uint32_t i, std::uint64_t salt) {
   return (lba << 20) ^ (std::uint64_t{i} << 2) ^ salt;
 }
-void fill_lbas(void* buf, std::uint64_t slba, std::uint32_t nblocks, std::uint32_t lba_size,
-               std::uint64_t salt) {
+void fill_lbas(void* buf, std::uint64_t slba, std::uint32_t nblocks, std::uint32_t lba_size, std::uint64_t salt) {
   auto* w = static_cast<std::uint64_t*>(buf);
   for (std::uint32_t b = 0; b < nblocks; ++b)
     for (std::uint32_t i = 0; i < lba_size / 8; ++i)
       w[b * (lba_size / 8) + i] = word_of(slba + b, i, salt);
 }
 //! Number of 8-byte words that differ from the pattern.
-std::size_t check_lbas(const void* buf, std::uint64_t slba, std::uint32_t nblocks,
-                       std::uint32_t lba_size, std::uint64_t salt) {
+std::size_t check_lbas(const void* buf, std::uint64_t slba, std::uint32_t nblocks, std::uint32_t lba_size,
+                       std::uint64_t salt) {
   const auto* w = static_cast<const std::uint64_t*>(buf);
   std::size_t bad = 0;
   for (std::uint32_t b = 0; b < nblocks; ++b)
@@ -121,7 +119,7 @@ struct harness {
   std::unique_ptr<dma_region> scratch; // 16 pages for identify, logs and small I/O
 
   explicit harness(emu::controller_config cfg, bool bring_up = true)
-      : ctrl(emu::make_controller(std::move(cfg))), dstrd(ctrl->config().dstrd) {
+      : ctrl(emu::make_emulated_controller(std::move(cfg))), dstrd(ctrl->config().dstrd) {
     scratch = ctrl->alloc(16 * page);
     if (bring_up) enable();
   }
@@ -164,24 +162,20 @@ struct harness {
     REQUIRE(csts.bits.cfs == 0);
   }
 
-  status admin_exec(const nvme::command& c, std::uint32_t* dw0 = nullptr) {
-    return admin.ref.execute(c, dw0);
-  }
+  status admin_exec(const nvme::command& c, std::uint32_t* dw0 = nullptr) { return admin.ref.execute(c, dw0); }
 
   host_queue& create_io(std::uint16_t qid, std::uint32_t depth, std::uint32_t cq_depth = 0) {
     if (cq_depth == 0) cq_depth = depth;
     host_queue q = make_queue(qid, depth, cq_depth);
-    REQUIRE(admin_exec(nvme::make_create_io_cq(qid, cq_depth, q.cq->bus_address(0))) ==
-            nvme::status_success);
-    REQUIRE(admin_exec(nvme::make_create_io_sq(qid, depth, q.sq->bus_address(0), qid)) ==
-            nvme::status_success);
+    REQUIRE(admin_exec(nvme::make_create_io_cq(qid, cq_depth, q.cq->bus_address(0))) == nvme::status_success);
+    REQUIRE(admin_exec(nvme::make_create_io_sq(qid, depth, q.sq->bus_address(0), qid)) == nvme::status_success);
     return io[qid] = std::move(q);
   }
 
   //! Read/write `nblocks` at `slba` through `buf` (at offset `off` of it), PRPs built for the
   //! region.
-  status rw(nvme::nvm_opcode op, std::uint16_t qid, std::uint64_t slba, std::uint32_t nblocks,
-            const dma_region& buf, std::size_t off, std::uint32_t nsid = 1) {
+  status rw(nvme::nvm_opcode op, std::uint16_t qid, std::uint64_t slba, std::uint32_t nblocks, const dma_region& buf,
+            std::size_t off, std::uint32_t nsid = 1) {
     const std::uint32_t lba_size = ctrl->config().namespaces.at(nsid - 1).lba_size;
     const std::uint64_t bytes = std::uint64_t{nblocks} * lba_size;
     const std::uint64_t pages = nvme::prp_pages_spanned(off % page, bytes, page);
@@ -192,23 +186,21 @@ struct harness {
     if (lists != 0) {
       list_mem = ctrl->alloc(lists * page);
       for (std::size_t i = 0; i < lists; ++i) {
-        list_virt.push_back(
-            reinterpret_cast<std::uint64_t*>(list_mem->as<unsigned char>() + i * page));
+        list_virt.push_back(reinterpret_cast<std::uint64_t*>(list_mem->as<unsigned char>() + i * page));
         list_bus.push_back(list_mem->bus_address(i * page));
       }
     }
     nvme::prp_pair prp;
     // No REQUIRE here: this runs on test threads too.
-    if (!nvme::build_prp(buf.page_bus().data(), off, bytes, page, list_virt.data(), list_bus.data(),
-                         lists, prp))
+    if (!nvme::build_prp(buf.page_bus().data(), off, bytes, page, list_virt.data(), list_bus.data(), lists, prp))
       return nvme::status_out_of_range;
     return io.at(qid).ref.execute(nvme::make_rw(op, nsid, slba, nblocks, prp.prp1, prp.prp2));
   }
 };
 
 nvme_id_ctrl identify_controller(harness& h) {
-  REQUIRE(h.admin_exec(nvme::make_identify(nvme::identify_cns::controller, 0,
-                                           h.scratch->bus_address(0))) == nvme::status_success);
+  REQUIRE(h.admin_exec(nvme::make_identify(nvme::identify_cns::controller, 0, h.scratch->bus_address(0))) ==
+          nvme::status_success);
   nvme_id_ctrl id;
   std::memcpy(&id, h.scratch->data(), sizeof id);
   return id;
@@ -252,7 +244,7 @@ TEST_CASE("emu: invalid configurations are refused", "[emu][regs]") {
   auto bad = [](auto edit) {
     auto cfg = ram_config();
     edit(cfg);
-    CHECK_THROWS_AS(emu::make_controller(cfg), bam::error);
+    CHECK_THROWS_AS(emu::make_emulated_controller(cfg), bam::error);
   };
   bad([](emu::controller_config& c) { c.max_queue_entries = 1; });
   bad([](emu::controller_config& c) { c.max_io_queues = 0; });
@@ -332,8 +324,8 @@ TEST_CASE("emu: identify controller, namespace and namespace list", "[emu][admin
 
   auto ns = [&](std::uint32_t nsid) {
     std::memset(h.scratch->data(), 0xff, page);
-    REQUIRE(h.admin_exec(nvme::make_identify(nvme::identify_cns::ns, nsid,
-                                             h.scratch->bus_address(0))) == nvme::status_success);
+    REQUIRE(h.admin_exec(nvme::make_identify(nvme::identify_cns::ns, nsid, h.scratch->bus_address(0))) ==
+            nvme::status_success);
     nvme_id_ns n;
     std::memcpy(&n, h.scratch->data(), sizeof n);
     return n;
@@ -351,8 +343,8 @@ TEST_CASE("emu: identify controller, namespace and namespace list", "[emu][admin
   CHECK(n3.lbaf[0].ds == 10);
 
   auto list = [&](std::uint32_t after) {
-    REQUIRE(h.admin_exec(nvme::make_identify(nvme::identify_cns::active_ns_list, after,
-                                             h.scratch->bus_address(0))) == nvme::status_success);
+    REQUIRE(h.admin_exec(nvme::make_identify(nvme::identify_cns::active_ns_list, after, h.scratch->bus_address(0))) ==
+            nvme::status_success);
     std::vector<std::uint32_t> ids;
     for (const auto* p = h.scratch->as<std::uint32_t>(); *p != 0; ++p)
       ids.push_back(*p);
@@ -371,8 +363,7 @@ TEST_CASE("emu: identify controller, namespace and namespace list", "[emu][admin
   CHECK(h.admin_exec(bad_cns) == generic(nvme::generic_status::invalid_field));
   // Identify data spanning two pages (PRP1 with an offset, PRP2 the next page).
   std::memset(h.scratch->data(), 0, 2 * page);
-  REQUIRE(h.admin_exec(nvme::make_identify(nvme::identify_cns::controller, 0,
-                                           h.scratch->bus_address(512),
+  REQUIRE(h.admin_exec(nvme::make_identify(nvme::identify_cns::controller, 0, h.scratch->bus_address(512),
                                            h.scratch->bus_address(page))) == nvme::status_success);
   nvme_id_ctrl shifted;
   std::memcpy(&shifted, h.scratch->as<unsigned char>() + 512, sizeof shifted);
@@ -387,22 +378,19 @@ TEST_CASE("emu: features", "[emu][admin]") {
   REQUIRE(h.admin_exec(nvme::make_set_num_queues(1000, 3), &dw0) == nvme::status_success);
   CHECK((dw0 & 0xffff) == 7); // capped at max_io_queues, 0-based
   CHECK((dw0 >> 16) == 2);
-  REQUIRE(h.admin_exec(nvme::make_get_features(nvme::feature_id::number_of_queues), &dw0) ==
-          nvme::status_success);
+  REQUIRE(h.admin_exec(nvme::make_get_features(nvme::feature_id::number_of_queues), &dw0) == nvme::status_success);
   CHECK(dw0 == (7u | (2u << 16)));
   auto bad = nvme::make_set_num_queues(1, 1);
   bad.cdw11 = 0xffff;
   CHECK(h.admin_exec(bad) == generic(nvme::generic_status::invalid_field));
 
-  REQUIRE(h.admin_exec(nvme::make_get_features(nvme::feature_id::volatile_write_cache), &dw0) ==
-          nvme::status_success);
+  REQUIRE(h.admin_exec(nvme::make_get_features(nvme::feature_id::volatile_write_cache), &dw0) == nvme::status_success);
   CHECK(dw0 == 1);
   auto vwc_off = nvme::make_get_features(nvme::feature_id::volatile_write_cache);
   vwc_off.opcode = static_cast<std::uint8_t>(nvme::admin_opcode::set_features);
   vwc_off.cdw11 = 0;
   REQUIRE(h.admin_exec(vwc_off) == nvme::status_success);
-  REQUIRE(h.admin_exec(nvme::make_get_features(nvme::feature_id::volatile_write_cache), &dw0) ==
-          nvme::status_success);
+  REQUIRE(h.admin_exec(nvme::make_get_features(nvme::feature_id::volatile_write_cache), &dw0) == nvme::status_success);
   CHECK(dw0 == 0);
   CHECK(h.admin_exec(nvme::make_get_features(nvme::feature_id::arbitration)) ==
         generic(nvme::generic_status::invalid_field));
@@ -437,40 +425,29 @@ TEST_CASE("emu: create and delete I/O queues: every check", "[emu][admin][queues
   const std::uint64_t sq_bus = mem.sq->bus_address(0), cq_bus = mem.cq->bus_address(0);
   namespace css = nvme::command_specific_status;
 
-  CHECK(h.admin_exec(nvme::make_create_io_cq(0, 16, cq_bus)) ==
-        specific(css::invalid_queue_identifier));
-  CHECK(h.admin_exec(nvme::make_create_io_cq(5, 16, cq_bus)) ==
-        specific(css::invalid_queue_identifier));
+  CHECK(h.admin_exec(nvme::make_create_io_cq(0, 16, cq_bus)) == specific(css::invalid_queue_identifier));
+  CHECK(h.admin_exec(nvme::make_create_io_cq(5, 16, cq_bus)) == specific(css::invalid_queue_identifier));
   CHECK(h.admin_exec(nvme::make_create_io_cq(1, 1, cq_bus)) == specific(css::invalid_queue_size));
   CHECK(h.admin_exec(nvme::make_create_io_cq(1, 65, cq_bus)) == specific(css::invalid_queue_size));
   auto not_contiguous = nvme::make_create_io_cq(1, 16, cq_bus);
   not_contiguous.cdw11 = 0;
   CHECK(h.admin_exec(not_contiguous) == generic(nvme::generic_status::invalid_field));
-  CHECK(h.admin_exec(
-            nvme::make_create_io_cq(1, 16, reinterpret_cast<std::uint64_t>(mem.cq->data()))) ==
+  CHECK(h.admin_exec(nvme::make_create_io_cq(1, 16, reinterpret_cast<std::uint64_t>(mem.cq->data()))) ==
         generic(nvme::generic_status::data_transfer_error)); // a virtual address
   REQUIRE(h.admin_exec(nvme::make_create_io_cq(1, 64, cq_bus)) == nvme::status_success);
-  CHECK(h.admin_exec(nvme::make_create_io_cq(1, 16, cq_bus)) ==
-        specific(css::invalid_queue_identifier));
+  CHECK(h.admin_exec(nvme::make_create_io_cq(1, 16, cq_bus)) == specific(css::invalid_queue_identifier));
 
-  CHECK(h.admin_exec(nvme::make_create_io_sq(0, 16, sq_bus, 1)) ==
-        specific(css::invalid_queue_identifier));
-  CHECK(h.admin_exec(nvme::make_create_io_sq(5, 16, sq_bus, 1)) ==
-        specific(css::invalid_queue_identifier));
-  CHECK(h.admin_exec(nvme::make_create_io_sq(1, 1, sq_bus, 1)) ==
-        specific(css::invalid_queue_size));
-  CHECK(h.admin_exec(nvme::make_create_io_sq(1, 65, sq_bus, 1)) ==
-        specific(css::invalid_queue_size));
+  CHECK(h.admin_exec(nvme::make_create_io_sq(0, 16, sq_bus, 1)) == specific(css::invalid_queue_identifier));
+  CHECK(h.admin_exec(nvme::make_create_io_sq(5, 16, sq_bus, 1)) == specific(css::invalid_queue_identifier));
+  CHECK(h.admin_exec(nvme::make_create_io_sq(1, 1, sq_bus, 1)) == specific(css::invalid_queue_size));
+  CHECK(h.admin_exec(nvme::make_create_io_sq(1, 65, sq_bus, 1)) == specific(css::invalid_queue_size));
   auto sq_not_contiguous = nvme::make_create_io_sq(1, 16, sq_bus, 1);
   sq_not_contiguous.cdw11 &= ~1u;
   CHECK(h.admin_exec(sq_not_contiguous) == generic(nvme::generic_status::invalid_field));
-  CHECK(h.admin_exec(nvme::make_create_io_sq(1, 16, sq_bus, 2)) ==
-        specific(css::invalid_completion_queue));
-  CHECK(h.admin_exec(nvme::make_create_io_sq(1, 16, sq_bus, 0)) ==
-        specific(css::invalid_completion_queue));
+  CHECK(h.admin_exec(nvme::make_create_io_sq(1, 16, sq_bus, 2)) == specific(css::invalid_completion_queue));
+  CHECK(h.admin_exec(nvme::make_create_io_sq(1, 16, sq_bus, 0)) == specific(css::invalid_completion_queue));
   REQUIRE(h.admin_exec(nvme::make_create_io_sq(1, 64, sq_bus, 1)) == nvme::status_success);
-  CHECK(h.admin_exec(nvme::make_create_io_sq(1, 64, sq_bus, 1)) ==
-        specific(css::invalid_queue_identifier));
+  CHECK(h.admin_exec(nvme::make_create_io_sq(1, 64, sq_bus, 1)) == specific(css::invalid_queue_identifier));
 
   CHECK(h.admin_exec(nvme::make_delete_io_cq(1)) == specific(css::invalid_queue_deletion));
   CHECK(h.admin_exec(nvme::make_delete_io_sq(2)) == specific(css::invalid_queue_identifier));
@@ -493,8 +470,7 @@ TEST_CASE("emu: several SQs share one CQ", "[emu][queues]") {
   auto& q1 = h.create_io(1, 32);
   // SQ 2 completes into CQ 1 (its own queue_pair_ref watches CQ 1's memory).
   host_queue sq2 = h.make_queue(2, 32, 32);
-  REQUIRE(h.admin_exec(nvme::make_create_io_sq(2, 32, sq2.sq->bus_address(0), 1)) ==
-          nvme::status_success);
+  REQUIRE(h.admin_exec(nvme::make_create_io_sq(2, 32, sq2.sq->bus_address(0), 1)) == nvme::status_success);
   auto buf = h.ctrl->alloc(page);
   // Commands on SQ 2 complete on CQ 1 with sq_id 2.
   auto* sq = sq2.sq->as<nvme::command>();
@@ -557,9 +533,8 @@ TEST_CASE("emu: write then read back LBA patterns on RAM from many threads", "[e
 }
 
 TEST_CASE("emu: file-backed namespace keeps its data across controllers", "[emu][io]") {
-  const auto path = (std::filesystem::temp_directory_path() /
-                     ("bam-emu-ns-" + std::to_string(::getpid()) + ".img"))
-                        .string();
+  const auto path =
+      (std::filesystem::temp_directory_path() / ("bam-emu-ns-" + std::to_string(::getpid()) + ".img")).string();
   struct cleanup {
     std::string p;
     ~cleanup() { ::unlink(p.c_str()); }
@@ -659,8 +634,7 @@ TEST_CASE("emu: PRP lists, offsets and chained list pages", "[emu][io][prp]") {
     std::memset(buf->data(), 0, 1024 * page);
     REQUIRE(h.rw(nvme::nvm_opcode::read, 1, 0, 1024, *buf, 0) == nvme::status_success);
     CHECK(check_lbas(buf->data(), 0, 1024, 4096, 13) == 0);
-    CHECK(h.rw(nvme::nvm_opcode::read, 1, 0, 1025, *buf, 0) ==
-          generic(nvme::generic_status::invalid_field));
+    CHECK(h.rw(nvme::nvm_opcode::read, 1, 0, 1025, *buf, 0) == generic(nvme::generic_status::invalid_field));
   }
 }
 
@@ -673,23 +647,16 @@ TEST_CASE("emu: NVM command errors surface with the right status", "[emu][io][er
   const std::uint64_t b0 = buf->bus_address(0), b1 = buf->bus_address(page);
 
   CHECK(q.ref.execute(nvme::make_read(1, 999, 1, b0, 0)) == nvme::status_success);
-  CHECK(q.ref.execute(nvme::make_read(1, 999, 2, b0, 0)) ==
-        generic(nvme::generic_status::lba_out_of_range));
-  CHECK(q.ref.execute(nvme::make_write(1, 1000, 1, b0, 0)) ==
-        generic(nvme::generic_status::lba_out_of_range));
-  CHECK(q.ref.execute(nvme::make_read(1, ~0ull - 1, 4, b0, 0)) ==
-        generic(nvme::generic_status::lba_out_of_range));
-  CHECK(q.ref.execute(nvme::make_read(2, 0, 1, b0, 0)) ==
-        generic(nvme::generic_status::invalid_namespace));
-  CHECK(q.ref.execute(nvme::make_read(0, 0, 1, b0, 0)) ==
-        generic(nvme::generic_status::invalid_namespace));
+  CHECK(q.ref.execute(nvme::make_read(1, 999, 2, b0, 0)) == generic(nvme::generic_status::lba_out_of_range));
+  CHECK(q.ref.execute(nvme::make_write(1, 1000, 1, b0, 0)) == generic(nvme::generic_status::lba_out_of_range));
+  CHECK(q.ref.execute(nvme::make_read(1, ~0ull - 1, 4, b0, 0)) == generic(nvme::generic_status::lba_out_of_range));
+  CHECK(q.ref.execute(nvme::make_read(2, 0, 1, b0, 0)) == generic(nvme::generic_status::invalid_namespace));
+  CHECK(q.ref.execute(nvme::make_read(0, 0, 1, b0, 0)) == generic(nvme::generic_status::invalid_namespace));
   CHECK(q.ref.execute(nvme::make_flush(7)) == generic(nvme::generic_status::invalid_namespace));
   CHECK(q.ref.execute(nvme::make_flush(0xffffffffu)) == nvme::status_success);
-  CHECK(q.ref.execute(nvme::make_read(1, 0, 17, b0, b1)) ==
-        generic(nvme::generic_status::invalid_field)); // > MDTS
+  CHECK(q.ref.execute(nvme::make_read(1, 0, 17, b0, b1)) == generic(nvme::generic_status::invalid_field)); // > MDTS
   CHECK(q.ref.execute(nvme::make_read(1, 0, 16, b0, b1)) == nvme::status_success);
-  CHECK(q.ref.execute(nvme::make_command(0x7e, 1)) ==
-        generic(nvme::generic_status::invalid_opcode));
+  CHECK(q.ref.execute(nvme::make_command(0x7e, 1)) == generic(nvme::generic_status::invalid_opcode));
   auto sgl = nvme::make_read(1, 0, 1, b0, 0);
   sgl.flags = 0x40; // PSDT: SGL
   CHECK(q.ref.execute(sgl) == generic(nvme::generic_status::invalid_field));
@@ -698,17 +665,14 @@ TEST_CASE("emu: NVM command errors surface with the right status", "[emu][io][er
         generic(nvme::generic_status::data_transfer_error));
   CHECK(q.ref.execute(nvme::make_write(1, 0, 8, b0 + 4 * page, 0)) ==
         generic(nvme::generic_status::data_transfer_error)); // one past the region: a guard page
-  CHECK(q.ref.execute(nvme::make_read(1, 0, 1, b0 + 2, 0)) ==
-        generic(nvme::generic_status::invalid_prp_offset));
-  CHECK(q.ref.execute(nvme::make_read(1, 0, 16, b0, b1 + 8)) ==
-        generic(nvme::generic_status::invalid_prp_offset));
+  CHECK(q.ref.execute(nvme::make_read(1, 0, 1, b0 + 2, 0)) == generic(nvme::generic_status::invalid_prp_offset));
+  CHECK(q.ref.execute(nvme::make_read(1, 0, 16, b0, b1 + 8)) == generic(nvme::generic_status::invalid_prp_offset));
   // The region is destroyed: its bus addresses stop translating.
   const std::uint64_t gone = [&] {
     auto tmp = h.ctrl->alloc(page);
     return tmp->bus_address(0);
   }();
-  CHECK(q.ref.execute(nvme::make_read(1, 0, 1, gone, 0)) ==
-        generic(nvme::generic_status::data_transfer_error));
+  CHECK(q.ref.execute(nvme::make_read(1, 0, 1, gone, 0)) == generic(nvme::generic_status::data_transfer_error));
   // The queue is still healthy.
   CHECK(q.ref.execute(nvme::make_write(1, 0, 8, b0, 0)) == nvme::status_success);
   CHECK(!q.ref.broken());
@@ -719,16 +683,10 @@ TEST_CASE("emu: media errors become Unrecovered Read Error and Write Fault", "[e
     std::shared_ptr<emu::media> inner = emu::make_ram_media(1 << 20);
     std::uint64_t size() const override { return inner->size(); }
     std::string describe() const override { return "failing"; }
-    int read(std::uint64_t o, std::span<const iovec> s) override {
-      return o == 0 ? EIO : inner->read(o, s);
-    }
-    int write(std::uint64_t o, std::span<const iovec> s) override {
-      return o == 0 ? ENOSPC : inner->write(o, s);
-    }
+    int read(std::uint64_t o, std::span<const iovec> s) override { return o == 0 ? EIO : inner->read(o, s); }
+    int write(std::uint64_t o, std::span<const iovec> s) override { return o == 0 ? ENOSPC : inner->write(o, s); }
     int flush() override { return EIO; }
-    int write_zeroes(std::uint64_t o, std::uint64_t l) override {
-      return inner->write_zeroes(o, l);
-    }
+    int write_zeroes(std::uint64_t o, std::uint64_t l) override { return inner->write_zeroes(o, l); }
   };
   auto cfg = ram_config();
   cfg.namespaces[0] = {2048, 512, std::make_shared<failing_media>()};
@@ -739,8 +697,7 @@ TEST_CASE("emu: media errors become Unrecovered Read Error and Write Fault", "[e
         status(status_type::media_error, nvme::media_status::unrecovered_read_error));
   CHECK(q.ref.execute(nvme::make_write(1, 0, 1, buf->bus_address(0), 0)) ==
         status(status_type::media_error, nvme::media_status::write_fault));
-  CHECK(q.ref.execute(nvme::make_flush(1)) ==
-        status(status_type::media_error, nvme::media_status::write_fault));
+  CHECK(q.ref.execute(nvme::make_flush(1)) == status(status_type::media_error, nvme::media_status::write_fault));
   CHECK(q.ref.execute(nvme::make_read(1, 1, 1, buf->bus_address(0), 0)) == nvme::status_success);
   CHECK(h.ctrl->counters().media_errors == 3);
 }
@@ -748,9 +705,8 @@ TEST_CASE("emu: media errors become Unrecovered Read Error and Write Fault", "[e
 TEST_CASE("emu: write zeroes and dataset management deallocate", "[emu][io]") {
   for (bool file : {false, true}) {
     DYNAMIC_SECTION((file ? "file" : "ram")) {
-      const auto path = (std::filesystem::temp_directory_path() /
-                         ("bam-emu-wz-" + std::to_string(::getpid()) + ".img"))
-                            .string();
+      const auto path =
+          (std::filesystem::temp_directory_path() / ("bam-emu-wz-" + std::to_string(::getpid()) + ".img")).string();
       struct cleanup {
         std::string p;
         ~cleanup() { ::unlink(p.c_str()); }
@@ -763,22 +719,19 @@ TEST_CASE("emu: write zeroes and dataset management deallocate", "[emu][io]") {
       fill_lbas(buf->data(), 0, 128, 512, 21);
       REQUIRE(h.rw(nvme::nvm_opcode::write, 1, 0, 128, *buf, 0) == nvme::status_success);
       REQUIRE(q.ref.execute(nvme::make_write_zeroes(1, 3, 5)) == nvme::status_success);
-      CHECK(q.ref.execute(nvme::make_write_zeroes(1, 4090, 7)) ==
-            generic(nvme::generic_status::lba_out_of_range));
+      CHECK(q.ref.execute(nvme::make_write_zeroes(1, 4090, 7)) == generic(nvme::generic_status::lba_out_of_range));
       // Deallocate LBAs 20..29 and 64..95 (two ranges), then read everything back.
       auto* ranges = h.scratch->as<nvme::dsm_range>();
       ranges[0] = {0, 10, 20};
       ranges[1] = {0, 32, 64};
-      REQUIRE(q.ref.execute(nvme::make_dsm_deallocate(1, 2, h.scratch->bus_address(0))) ==
-              nvme::status_success);
+      REQUIRE(q.ref.execute(nvme::make_dsm_deallocate(1, 2, h.scratch->bus_address(0))) == nvme::status_success);
       ranges[0] = {0, 10, 4090};
       CHECK(q.ref.execute(nvme::make_dsm_deallocate(1, 1, h.scratch->bus_address(0))) ==
             generic(nvme::generic_status::lba_out_of_range));
       std::memset(buf->data(), 0xaa, 16 * page);
       REQUIRE(h.rw(nvme::nvm_opcode::read, 1, 0, 128, *buf, 0) == nvme::status_success);
       for (std::uint32_t lba = 0; lba < 128; ++lba) {
-        const bool zero =
-            (lba >= 3 && lba < 8) || (lba >= 20 && lba < 30) || (lba >= 64 && lba < 96);
+        const bool zero = (lba >= 3 && lba < 8) || (lba >= 20 && lba < 30) || (lba >= 64 && lba < 96);
         const unsigned char* p = buf->as<unsigned char>() + lba * 512;
         if (zero) {
           INFO("LBA " << lba);
@@ -797,8 +750,7 @@ TEST_CASE("emu: log pages", "[emu][admin][log]") {
   auto& q = h.create_io(1, 8);
   auto buf = h.ctrl->alloc(8 * page);
   for (int i = 0; i < 3; ++i)
-    REQUIRE(h.rw(nvme::nvm_opcode::write, 1, i * 64, 64, *buf, 0) ==
-            nvme::status_success); // 32 KiB each
+    REQUIRE(h.rw(nvme::nvm_opcode::write, 1, i * 64, 64, *buf, 0) == nvme::status_success); // 32 KiB each
   for (int i = 0; i < 5; ++i)
     REQUIRE(h.rw(nvme::nvm_opcode::read, 1, 0, 8, *buf, 0) == nvme::status_success);
   REQUIRE(q.ref.execute(nvme::make_read(1, 1 << 20, 1, buf->bus_address(0), 0)) ==
@@ -827,21 +779,19 @@ TEST_CASE("emu: log pages", "[emu][admin][log]") {
   CHECK(err.error_count == 1);
   CHECK(err.sqid == 1);
   CHECK(err.lba == (1u << 20));
-  CHECK(((err.status_field >> 1) & 0x7ff) ==
-        generic(nvme::generic_status::lba_out_of_range).code());
+  CHECK(((err.status_field >> 1) & 0x7ff) == generic(nvme::generic_status::lba_out_of_range).code());
 
-  REQUIRE(h.admin_exec(nvme::make_get_log_page(nvme::log_page_id::firmware_slot, 0, 512,
-                                               h.scratch->bus_address(0))) == nvme::status_success);
+  REQUIRE(h.admin_exec(nvme::make_get_log_page(nvme::log_page_id::firmware_slot, 0, 512, h.scratch->bus_address(0))) ==
+          nvme::status_success);
   nvme_firmware_slot fw;
   std::memcpy(&fw, h.scratch->data(), sizeof fw);
   CHECK(fw.afi == 1);
   CHECK(std::string(fw.frs[0], 5) == "0.1.0");
 
-  CHECK(h.admin_exec(nvme::make_get_log_page(static_cast<nvme::log_page_id>(0x70), 0, 512,
-                                             h.scratch->bus_address(0))) ==
-        specific(nvme::command_specific_status::invalid_log_page));
-  auto past_end =
-      nvme::make_get_log_page(nvme::log_page_id::smart_health, 0, 512, h.scratch->bus_address(0));
+  CHECK(
+      h.admin_exec(nvme::make_get_log_page(static_cast<nvme::log_page_id>(0x70), 0, 512, h.scratch->bus_address(0))) ==
+      specific(nvme::command_specific_status::invalid_log_page));
+  auto past_end = nvme::make_get_log_page(nvme::log_page_id::smart_health, 0, 512, h.scratch->bus_address(0));
   past_end.cdw12 = 4096;
   CHECK(h.admin_exec(past_end) == generic(nvme::generic_status::invalid_field));
 }
@@ -886,10 +836,8 @@ TEST_CASE("emu: a full CQ holds completions back until the head doorbell moves",
   constexpr std::uint32_t sq_depth = 16, cq_depth = 4;
   auto sq = h.ctrl->alloc(sq_depth * sizeof(nvme::command));
   auto cq = h.ctrl->alloc(page);
-  REQUIRE(h.admin_exec(nvme::make_create_io_cq(1, cq_depth, cq->bus_address(0))) ==
-          nvme::status_success);
-  REQUIRE(h.admin_exec(nvme::make_create_io_sq(1, sq_depth, sq->bus_address(0), 1)) ==
-          nvme::status_success);
+  REQUIRE(h.admin_exec(nvme::make_create_io_cq(1, cq_depth, cq->bus_address(0))) == nvme::status_success);
+  REQUIRE(h.admin_exec(nvme::make_create_io_sq(1, sq_depth, sq->bus_address(0), 1)) == nvme::status_success);
   auto* cmds = sq->as<nvme::command>();
   auto* cqes = cq->as<nvme::completion>();
   volatile std::uint32_t* sq_db = h.ctrl->doorbell(nvme::sq_doorbell_offset(1, 0));
@@ -920,8 +868,7 @@ TEST_CASE("emu: a full CQ holds completions back until the head doorbell moves",
           return n >= expect;
         },
         ready_wait_ns));
-    std::this_thread::sleep_for(
-        std::chrono::milliseconds(5)); // give it time to overrun, if it would
+    std::this_thread::sleep_for(std::chrono::milliseconds(5)); // give it time to overrun, if it would
     std::uint32_t got = 0;
     for (std::uint32_t s = head, p = phase; phase_of(s) == p && got < cq_depth; ++got) {
       if (++s == cq_depth) {
@@ -951,8 +898,7 @@ TEST_CASE("emu: completions report the SQ head and wrap the SQ", "[emu][queues]"
   auto sq = h.ctrl->alloc(page);
   auto cq = h.ctrl->alloc(page);
   REQUIRE(h.admin_exec(nvme::make_create_io_cq(1, 64, cq->bus_address(0))) == nvme::status_success);
-  REQUIRE(h.admin_exec(nvme::make_create_io_sq(1, depth, sq->bus_address(0), 1)) ==
-          nvme::status_success);
+  REQUIRE(h.admin_exec(nvme::make_create_io_sq(1, depth, sq->bus_address(0), 1)) == nvme::status_success);
   auto* cmds = sq->as<nvme::command>();
   auto* cqes = cq->as<nvme::completion>();
   volatile std::uint32_t* sq_db = h.ctrl->doorbell(nvme::sq_doorbell_offset(1, 0));
@@ -989,15 +935,12 @@ TEST_CASE("emu: fault rules complete chosen commands with a chosen status", "[em
   r.status = unrecovered;
   const auto id = h.ctrl->faults().add(r);
 
-  CHECK(q.ref.execute(nvme::make_read(1, 50, 8, b, 0)) ==
-        nvme::status_success); // outside the range
+  CHECK(q.ref.execute(nvme::make_read(1, 50, 8, b, 0)) == nvme::status_success);   // outside the range
   CHECK(q.ref.execute(nvme::make_write(1, 100, 1, b, 0)) == nvme::status_success); // not a read
-  CHECK(q.ref.execute(nvme::make_read(1, 96, 8, b, 0)) ==
-        nvme::status_success);                                           // skipped (1st match)
-  CHECK(q.ref.execute(nvme::make_read(1, 199, 1, b, 0)) == unrecovered); // fires
+  CHECK(q.ref.execute(nvme::make_read(1, 96, 8, b, 0)) == nvme::status_success);   // skipped (1st match)
+  CHECK(q.ref.execute(nvme::make_read(1, 199, 1, b, 0)) == unrecovered);           // fires
   CHECK(h.ctrl->faults().fired(id) == 1);
-  CHECK(h.io.at(2).ref.execute(nvme::make_read(1, 150, 1, b, 0)) ==
-        unrecovered); // fires (any queue)
+  CHECK(h.io.at(2).ref.execute(nvme::make_read(1, 150, 1, b, 0)) == unrecovered); // fires (any queue)
   CHECK(q.ref.execute(nvme::make_read(1, 150, 1, b, 0)) == nvme::status_success); // count used up
   CHECK(h.ctrl->faults().fired(id) == 2);
   CHECK(h.ctrl->faults().remove(id));
@@ -1010,8 +953,7 @@ TEST_CASE("emu: fault rules complete chosen commands with a chosen status", "[em
   on_q2.status = generic(nvme::generic_status::internal_error);
   h.ctrl->faults().add(on_q2);
   for (int i = 0; i < 3; ++i) {
-    CHECK(h.io.at(2).ref.execute(nvme::make_flush(1)) ==
-          generic(nvme::generic_status::internal_error));
+    CHECK(h.io.at(2).ref.execute(nvme::make_flush(1)) == generic(nvme::generic_status::internal_error));
     CHECK(q.ref.execute(nvme::make_flush(1)) == nvme::status_success);
   }
   h.ctrl->faults().clear();
@@ -1023,25 +965,21 @@ TEST_CASE("emu: fault rules complete chosen commands with a chosen status", "[em
   adm.opcode = static_cast<std::uint8_t>(nvme::admin_opcode::identify);
   adm.status = generic(nvme::generic_status::internal_error);
   h.ctrl->faults().add(adm);
-  CHECK(h.admin_exec(
-            nvme::make_identify(nvme::identify_cns::controller, 0, h.scratch->bus_address(0))) ==
+  CHECK(h.admin_exec(nvme::make_identify(nvme::identify_cns::controller, 0, h.scratch->bus_address(0))) ==
         generic(nvme::generic_status::internal_error));
-  CHECK(h.admin_exec(nvme::make_identify(nvme::identify_cns::controller, 0,
-                                         h.scratch->bus_address(0))) == nvme::status_success);
+  CHECK(h.admin_exec(nvme::make_identify(nvme::identify_cns::controller, 0, h.scratch->bus_address(0))) ==
+        nvme::status_success);
   // A failed fault-injected write did not touch the media.
   emu::fault_rule wr;
   wr.opcode = static_cast<std::uint8_t>(nvme::nvm_opcode::write);
   h.ctrl->faults().add(wr);
   fill_lbas(buf->data(), 500, 8, 512, 4);
-  CHECK(q.ref.execute(nvme::make_write(1, 500, 8, b, 0)) ==
-        generic(nvme::generic_status::internal_error));
+  CHECK(q.ref.execute(nvme::make_write(1, 500, 8, b, 0)) == generic(nvme::generic_status::internal_error));
   REQUIRE(q.ref.execute(nvme::make_read(1, 500, 8, b, 0)) == nvme::status_success);
-  CHECK(std::all_of(buf->as<unsigned char>(), buf->as<unsigned char>() + page,
-                    [](unsigned char c) { return c == 0; }));
+  CHECK(std::all_of(buf->as<unsigned char>(), buf->as<unsigned char>() + page, [](unsigned char c) { return c == 0; }));
 }
 
-TEST_CASE("emu: fault latency delays completions without blocking other commands",
-          "[emu][faults]") {
+TEST_CASE("emu: fault latency delays completions without blocking other commands", "[emu][faults]") {
   harness h(ram_config());
   auto& q = h.create_io(1, 8);
   auto buf = h.ctrl->alloc(page);
@@ -1101,8 +1039,7 @@ TEST_CASE("emu: stop_answering freezes the controller, registers still read", "[
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   CHECK(h.ctrl->commands_processed() == before); // not even fetched
   h.admin.ref.timeout_ns = short_timeout_ns;
-  CHECK(h.admin_exec(nvme::make_get_features(nvme::feature_id::number_of_queues)) ==
-        nvme::status_timeout);
+  CHECK(h.admin_exec(nvme::make_get_features(nvme::feature_id::number_of_queues)) == nvme::status_timeout);
   // Answering again: the command that waited is served.
   h.ctrl->stop_answering(false);
   q.ref.timeout_ns = nvme::default_queue_timeout_ns;
@@ -1126,8 +1063,7 @@ TEST_CASE("emu: CC.EN 1 -> 0 resets every queue", "[emu][regs]") {
   h.io.clear();
   // Bring it up again: queue 1 does not exist any more, so it can be created; data persists.
   h.enable();
-  CHECK(h.admin_exec(nvme::make_delete_io_sq(1)) ==
-        specific(nvme::command_specific_status::invalid_queue_identifier));
+  CHECK(h.admin_exec(nvme::make_delete_io_sq(1)) == specific(nvme::command_specific_status::invalid_queue_identifier));
   h.create_io(1, 8);
   std::memset(buf->data(), 0, page);
   REQUIRE(h.rw(nvme::nvm_opcode::read, 1, 0, 8, *buf, 0) == nvme::status_success);
@@ -1160,7 +1096,7 @@ TEST_CASE("emu: DMA mapping", "[emu][dma]") {
     CHECK(r->bus_address(page + 12) == r->page_bus()[1] + 12);
     CHECK(h.ctrl->translate(r->bus_address(100), 200) == static_cast<char*>(mem) + 100);
     CHECK(h.ctrl->translate(r->bus_address(4 * page - 8), 16) == nullptr); // runs off the end
-    auto r2 = h.ctrl->map(mem, page, memory_kind::host); // the same memory twice is fine
+    auto r2 = h.ctrl->map(mem, page, memory_kind::host);                   // the same memory twice is fine
     CHECK(r2->bus_address(0) != r->bus_address(0));
   }
   CHECK_THROWS_AS(h.ctrl->map(static_cast<char*>(mem) + 8, page, memory_kind::host), bam::error);
@@ -1193,8 +1129,7 @@ TEST_CASE("emu: another I/O engine plugs in through the config", "[emu][engine]"
     std::atomic<int> created{0}, deleted{0}, resets{0}, bad{0};
     nvme::status queue_created(const emu::queue_info& q) override {
       ++created;
-      if (q.qid == 0 || q.cq == nullptr || q.sq == nullptr || !q.process)
-        ++bad; // no CHECK off the test thread
+      if (q.qid == 0 || q.cq == nullptr || q.sq == nullptr || !q.process) ++bad; // no CHECK off the test thread
       return inner.queue_created(q);
     }
     void queue_deleted(std::uint16_t sqid) override {
@@ -1244,13 +1179,9 @@ TEST_CASE("emu: many submitters on a small queue with CPU engine threads", "[emu
       for (int i = 0; i < ops; ++i) {
         const std::uint64_t lba = t * ops + i;
         fill_lbas(buf->data(), lba, 1, 4096, 31);
-        if (q.ref.execute(nvme::make_write(1, lba, 1, buf->bus_address(0), 0)) !=
-            nvme::status_success)
-          ++failures;
+        if (q.ref.execute(nvme::make_write(1, lba, 1, buf->bus_address(0), 0)) != nvme::status_success) ++failures;
         std::memset(buf->data(), 0, page);
-        if (q.ref.execute(nvme::make_read(1, lba, 1, buf->bus_address(0), 0)) !=
-            nvme::status_success)
-          ++failures;
+        if (q.ref.execute(nvme::make_read(1, lba, 1, buf->bus_address(0), 0)) != nvme::status_success) ++failures;
         if (check_lbas(buf->data(), lba, 1, 4096, 31) != 0) ++failures;
       }
     });

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: MIT
-// Loading data sets onto a namespace and reading them back (bam/dataset.hpp)
+// Loading data sets onto a namespace and reading them back (bam/host/dataset.hpp)
 // through the controller driver and the software controller: checksums,
 // geometry checks, interruption and resume, device errors.
-#include <bam/controller.hpp>
-#include <bam/dataset.hpp>
+#include <bam/host.hpp>
+#include <bam/host/dataset.hpp>
 #include <bam/emu.hpp>
 
 #include <catch2/catch_test_macros.hpp>
@@ -53,11 +53,10 @@ std::vector<unsigned char> read_file(const fs::path& p) {
 struct device {
   std::shared_ptr<bam::emu::emulated_controller> emu;
   std::unique_ptr<bam::controller> ctrl;
-  explicit device(std::uint64_t bytes = 16 << 20, std::uint32_t lba = 512,
-                  std::uint32_t queues = 4) {
+  explicit device(std::uint64_t bytes = 16 << 20, std::uint32_t lba = 512, std::uint32_t queues = 4) {
     bam::emu::controller_config cfg;
     cfg.engine_threads = 2;
-    emu = bam::emu::make_ram_controller(bytes, lba, cfg);
+    emu = bam::emu::make_ram_emulated_controller(bytes, lba, cfg);
     bam::controller_options o;
     o.io_queues = queues;
     o.queue_depth = 64;
@@ -198,8 +197,7 @@ TEST_CASE("dataset: an interrupted load resumes where it stopped", "[dataset][re
   CHECK_FALSE(fs::exists(state));
 }
 
-TEST_CASE("dataset: a chunk whose source changed since it was recorded is written again",
-          "[dataset][resume]") {
+TEST_CASE("dataset: a chunk whose source changed since it was recorded is written again", "[dataset][resume]") {
   temp_dir dir;
   device d(8 << 20);
   auto data = random_bytes(1 << 20, 3);
@@ -225,8 +223,7 @@ TEST_CASE("dataset: a chunk whose source changed since it was recorded is writte
   CHECK(r.checksum == bam::file_checksum(src));
 }
 
-TEST_CASE("dataset: a state file of another load is refused; resume off starts over",
-          "[dataset][resume]") {
+TEST_CASE("dataset: a state file of another load is refused; resume off starts over", "[dataset][resume]") {
   temp_dir dir;
   device d(8 << 20);
   write_file(dir.path / "src.bin", random_bytes(1 << 20, 4));
@@ -243,8 +240,7 @@ TEST_CASE("dataset: a state file of another load is refused; resume off starts o
     bam::load_dataset(*d.ctrl, src, o);
     FAIL("accepted a state file of another load");
   } catch (const bam::error& e) {
-    CHECK(std::string(e.what()).find("belongs to another load (offset was '0', now '1048576')") !=
-          std::string::npos);
+    CHECK(std::string(e.what()).find("belongs to another load (offset was '0', now '1048576')") != std::string::npos);
   }
   o.resume = false;
   const auto r = bam::load_dataset(*d.ctrl, src, o);
@@ -252,8 +248,7 @@ TEST_CASE("dataset: a state file of another load is refused; resume off starts o
   CHECK(r.checksum == bam::file_checksum(src));
 }
 
-TEST_CASE("dataset: a device error stops the load with the LBA and status; a rerun completes it",
-          "[dataset][errors]") {
+TEST_CASE("dataset: a device error stops the load with the LBA and status; a rerun completes it", "[dataset][errors]") {
   temp_dir dir;
   device d(8 << 20);
   const auto data = random_bytes(2 << 20, 5);

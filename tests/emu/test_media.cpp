@@ -26,15 +26,12 @@ struct temp_path {
   std::string path;
   explicit temp_path(const fs::path& dir) {
     static int serial = 0;
-    path = (dir / ("bam-emu-media-" + std::to_string(::getpid()) + "-" + std::to_string(serial++)))
-               .string();
+    path = (dir / ("bam-emu-media-" + std::to_string(::getpid()) + "-" + std::to_string(serial++))).string();
   }
   ~temp_path() { ::unlink(path.c_str()); }
 };
 
-std::uint8_t pattern(std::uint64_t offset) {
-  return static_cast<std::uint8_t>((offset * 2654435761u) >> 13);
-}
+std::uint8_t pattern(std::uint64_t offset) { return static_cast<std::uint8_t>((offset * 2654435761u) >> 13); }
 
 std::vector<std::uint8_t> pattern_bytes(std::uint64_t offset, std::size_t n) {
   std::vector<std::uint8_t> v(n);
@@ -141,8 +138,7 @@ TEST_CASE("emu media: file with O_DIRECT", "[emu][media]") {
 #if defined(BAM_HAVE_LIBURING)
     // Where O_DIRECT works (ext4, xfs), it is used; say so if this file system refuses it.
     if (m->describe().find("O_DIRECT") == std::string::npos)
-      WARN("O_DIRECT refused in " << fs::temp_directory_path()
-                                  << ": buffered fallback tested instead");
+      WARN("O_DIRECT refused in " << fs::temp_directory_path() << ": buffered fallback tested instead");
 #endif
     exercise(*m);
     concurrent_neighbours(*m);

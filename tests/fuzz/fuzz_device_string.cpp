@@ -2,7 +2,7 @@
 // libFuzzer target: the device-string parser. Any input either parses into a
 // spec that keeps the parser's promises or throws bam::error with EINVAL;
 // nothing else (no crash, no other exception, no overflow).
-#include <bam/device_string.hpp>
+#include <bam/transport/device_string.hpp>
 
 #include <cstdint>
 #include <cstdlib>
@@ -30,16 +30,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   expect(s.text == text, "the spec does not carry the text");
   if (s.kind == bam::device_kind::pci) {
     expect(!s.devices.empty() && s.ssds == s.devices.size(), "device nodes and count disagree");
-    for (const auto& d : s.devices) expect(!d.empty() && d.front() == '/', "a device node is not absolute");
+    for (const auto& d : s.devices)
+      expect(!d.empty() && d.front() == '/', "a device node is not absolute");
     return 0;
   }
   expect(s.ssds >= 1 && s.ssds <= 64, "ssds out of range");
   expect(s.lba_size >= 512 && s.lba_size <= 65536 && (s.lba_size & (s.lba_size - 1)) == 0, "bad LBA size");
   expect(s.bytes % s.lba_size == 0, "media size not a multiple of the LBA size");
   expect(s.io_queues >= 1 && s.queue_depth >= 2 && s.threads >= 1, "queue or thread count out of range");
-  if (s.media == bam::media_kind::file) expect(!s.path.empty(), "file media without a path");
-  else expect(s.bytes != 0, "media of zero bytes");
-  if (s.kind == bam::device_kind::emu_cpu) expect(s.media == bam::media_kind::ram || s.media == bam::media_kind::file, "GPU-only media on the CPU engine");
+  if (s.media == bam::media_kind::file)
+    expect(!s.path.empty(), "file media without a path");
+  else
+    expect(s.bytes != 0, "media of zero bytes");
+  if (s.kind == bam::device_kind::emu_cpu)
+    expect(s.media == bam::media_kind::ram || s.media == bam::media_kind::file, "GPU-only media on the CPU engine");
   if (s.read_only) expect(s.media == bam::media_kind::file, "read-only media that is not a file");
   if (s.extents) expect(s.read_only && s.ssds == 1 && s.bytes == 0, "extents media writable, striped or sized");
   if (s.holes) expect(s.extents, "holes without extents media");

@@ -47,7 +47,8 @@ struct script {
   std::uint8_t u8() { return pos < bytes.size() ? bytes[pos++] : 0; }
   std::uint32_t u32() {
     std::uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) v |= std::uint32_t{u8()} << (8 * i);
+    for (int i = 0; i < 4; ++i)
+      v |= std::uint32_t{u8()} << (8 * i);
     return v;
   }
   std::uint64_t u64() { return u32() | (std::uint64_t{u32()} << 32); }
@@ -96,7 +97,8 @@ public:
 private:
   static std::vector<std::uint64_t> pages(std::uint64_t bus, std::size_t n) {
     std::vector<std::uint64_t> v(n / page);
-    for (std::size_t i = 0; i < v.size(); ++i) v[i] = bus + i * page;
+    for (std::size_t i = 0; i < v.size(); ++i)
+      v[i] = bus + i * page;
     return v;
   }
   std::shared_ptr<fake_iommu> t_;
@@ -190,8 +192,8 @@ public:
   struct fetched {
     std::uint16_t qid, cid;
     std::uint8_t opcode;
-    std::uint64_t seq;        //!< when it was fetched
-    bool answered = false;    //!< a completion with its id was posted after the fetch
+    std::uint64_t seq;     //!< when it was fetched
+    bool answered = false; //!< a completion with its id was posted after the fetch
   };
   void begin_call() {
     std::lock_guard q(queues_mutex_);
@@ -209,7 +211,8 @@ public:
         bool all = true;
         for (const auto& x : queues_) {
           if (x.sq_depth == 0) continue;
-          const std::uint32_t tail = std::atomic_ref<std::uint32_t>(regs_[nvme::sq_doorbell_offset(x.qid, dstrd()) / 4]).load();
+          const std::uint32_t tail =
+              std::atomic_ref<std::uint32_t>(regs_[nvme::sq_doorbell_offset(x.qid, dstrd()) / 4]).load();
           all = all && (tail >= x.sq_depth || x.head == tail);
         }
         if (all || bam::detail::now_ns() > until) {
@@ -239,7 +242,7 @@ private:
     std::uint32_t sq_depth;
     std::uint64_t cq;
     std::uint32_t cq_depth;
-    std::uint32_t head = 0;   // next SQ entry to fetch
+    std::uint32_t head = 0;    // next SQ entry to fetch
     std::uint64_t cq_tail = 0; // completions posted, virtual
   };
   struct late {
@@ -273,14 +276,14 @@ private:
     e.sq_id = q.qid;
     std::uint32_t phase = ((q.cq_tail / q.cq_depth) & 1) ? 0u : 1u;
     switch (how % 8) {
-    case 1: cid = static_cast<std::uint16_t>(answers_.u32()); break;        // wrong command id
-    case 2: e.sq_id = static_cast<std::uint16_t>(answers_.u32()); break;    // wrong SQ id
-    case 3: phase ^= 1; break;                                              // wrong phase
+    case 1: cid = static_cast<std::uint16_t>(answers_.u32()); break;     // wrong command id
+    case 2: e.sq_id = static_cast<std::uint16_t>(answers_.u32()); break; // wrong SQ id
+    case 3: phase ^= 1; break;                                           // wrong phase
     case 4: // wrong SQ head: from now on the driver's idea of what was fetched may be wrong
       e.sq_head = static_cast<std::uint16_t>(answers_.u32());
       head_lied_ = head_lied_ || e.sq_head < q.sq_depth; // one outside the queue is plainly wrong
       break;
-    case 5: status = static_cast<std::uint16_t>(answers_.u32()); break;     // any status
+    case 5: status = static_cast<std::uint16_t>(answers_.u32()); break; // any status
     default: break;
     }
     const std::uint64_t slot = q.cq + (q.cq_tail % q.cq_depth) * sizeof(nvme::completion);
@@ -315,12 +318,14 @@ private:
       } else if (cns == static_cast<std::uint32_t>(nvme::identify_cns::active_ns_list)) {
         auto* list = reinterpret_cast<std::uint32_t*>(data.data());
         const std::uint8_t n = answers_.u8() % 6;
-        for (std::uint8_t i = 0; i < n; ++i) list[i] = answers_.u8() % 8 == 0 ? answers_.u32() : i + 1u;
+        for (std::uint8_t i = 0; i < n; ++i)
+          list[i] = answers_.u8() % 8 == 0 ? answers_.u32() : i + 1u;
       } else if (cns == static_cast<std::uint32_t>(nvme::identify_cns::ns)) {
         auto* id = reinterpret_cast<nvme_id_ns*>(data.data());
         id->nsze = answers_.u8() % 4 == 0 ? answers_.u64() : answers_.u8() * 8ull;
         id->flbas = answers_.u8();
-        for (auto& f : id->lbaf) f.ds = answers_.u8() % 4 == 0 ? answers_.u8() : 9 + answers_.u8() % 4;
+        for (auto& f : id->lbaf)
+          f.ds = answers_.u8() % 4 == 0 ? answers_.u8() : 9 + answers_.u8() % 4;
         const unsigned fmt = (id->flbas & 0xfu) | (((id->flbas >> 5) & 0x3u) << 4);
         lba_size_[c.nsid] = id->lbaf[fmt].ds < 27 ? 1ull << id->lbaf[fmt].ds : 0;
       }
@@ -360,8 +365,10 @@ private:
     std::uint64_t off = 0;
     auto segment = [&](std::uint64_t bus, std::uint64_t len) {
       const bool ok = dma_->access(bus, len, [&](unsigned char* p) {
-        if (to_host) std::memcpy(p, buf + off, len);
-        else std::memcpy(buf + off, p, len);
+        if (to_host)
+          std::memcpy(p, buf + off, len);
+        else
+          std::memcpy(buf + off, p, len);
       });
       off += len;
       return ok;
@@ -386,7 +393,8 @@ private:
         }
         for (std::size_t qi = 0; qi < queues_.size(); ++qi) {
           queue& q = queues_[qi];
-          const std::uint32_t tail = std::atomic_ref<std::uint32_t>(regs_[nvme::sq_doorbell_offset(q.qid, dstrd()) / 4]).load();
+          const std::uint32_t tail =
+              std::atomic_ref<std::uint32_t>(regs_[nvme::sq_doorbell_offset(q.qid, dstrd()) / 4]).load();
           if (q.sq_depth == 0 || tail >= q.sq_depth) continue;
           // Everything up to the tail is published: fetch it all first, so
           // that a completion this pass posts for any of them counts as one
@@ -417,18 +425,19 @@ private:
                              std::to_string(bytes) + " bytes do not describe mapped memory";
             }
             const std::uint8_t act = answers_.u8();
-            if (act % 16 == 1) continue;                      // never answered
+            if (act % 16 == 1) continue;                                                     // never answered
             if (act % 16 == 2) status = static_cast<std::uint16_t>(answers_.u32() & 0x7fff); // error status
-            if (act % 16 == 3) {                              // answered later
+            if (act % 16 == 3) {                                                             // answered later
               lates.push_back({qi, c.cid, status, dw0, 1 + answers_.u8() % 50});
               continue;
             }
             post(q, c.cid, status, dw0, act % 16 < 8);
-            if (act % 16 == 4) post(q, c.cid, status, dw0, false); // twice
+            if (act % 16 == 4) post(q, c.cid, status, dw0, false);                         // twice
             if (act % 16 == 5) post(q, static_cast<std::uint16_t>(c.cid + 1), 0, 0, true); // one nobody asked for
           }
         }
-        for (const auto& n : new_sqs_) add_queue_locked(n.qid, n.sq_bus, n.sq_depth, n.cq_bus, n.cq_depth);
+        for (const auto& n : new_sqs_)
+          add_queue_locked(n.qid, n.sq_bus, n.sq_depth, n.cq_bus, n.cq_depth);
         new_sqs_.clear();
       }
       if (!busy) std::this_thread::sleep_for(std::chrono::microseconds(20));
@@ -459,7 +468,7 @@ private:
   std::mutex queues_mutex_; // queues_, cqs_, calls_, prp_error_
   std::vector<queue> queues_;
   std::vector<cq_def> cqs_;
-  std::vector<sq_def> new_sqs_;            // created while the queues are being served
+  std::vector<sq_def> new_sqs_;                     // created while the queues are being served
   std::map<std::uint32_t, std::uint64_t> lba_size_; // per NSID, as identify told the driver
   bool recording_ = false;
   bool head_lied_ = false;
@@ -528,7 +537,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         case 0: call(*h, "read", [&] { c->read(ns.nsid, lba, blocks, *buf, 0, q); }); break;
         case 1: call(*h, "write", [&] { c->write(ns.nsid, lba, blocks, *buf, 0, q); }); break;
         case 2: call(*h, "flush", [&] { c->flush(ns.nsid, q); }); break;
-        default: call(*h, "identify", [&] { c->admin(nvme::make_get_features(nvme::feature_id::number_of_queues)); }); break;
+        default:
+          call(*h, "identify", [&] { c->admin(nvme::make_get_features(nvme::feature_id::number_of_queues)); });
+          break;
         }
       } catch (const bam::error&) {
       }
@@ -536,7 +547,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   // Teardown reports its failures as warnings, not errors: no success to check.
   bam::set_warning_handler([](const std::string&) {});
-  call(*h, "teardown", [&] { c.reset(); }, false);
+  call(
+      *h, "teardown", [&] { c.reset(); }, false);
   bam::set_warning_handler(nullptr);
   return 0;
 }

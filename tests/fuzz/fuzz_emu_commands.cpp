@@ -32,12 +32,14 @@ using namespace bam;
 constexpr std::size_t page = dma_page_size;
 constexpr std::size_t arena_pages = 16;
 constexpr std::uint64_t deadline_ns = 3'000'000'000ull; // a command not answered by then is a hang
-constexpr std::uint16_t harness_qid = 1;               // the I/O queue this harness keeps for itself
+constexpr std::uint16_t harness_qid = 1;                // the I/O queue this harness keeps for itself
 
 [[noreturn]] void fail(const char* what, const nvme::command& c, nvme::status st = {}) {
-  std::fprintf(stderr, "emu fuzz: %s: opcode 0x%02x nsid %u cdw10 0x%x cdw11 0x%x cdw12 0x%x prp1 0x%llx prp2 0x%llx, status %s\n",
-               what, c.opcode, c.nsid, c.cdw10, c.cdw11, c.cdw12, static_cast<unsigned long long>(c.prp1),
-               static_cast<unsigned long long>(c.prp2), nvme::status_name(st));
+  std::fprintf(
+      stderr,
+      "emu fuzz: %s: opcode 0x%02x nsid %u cdw10 0x%x cdw11 0x%x cdw12 0x%x prp1 0x%llx prp2 0x%llx, status %s\n", what,
+      c.opcode, c.nsid, c.cdw10, c.cdw11, c.cdw12, static_cast<unsigned long long>(c.prp1),
+      static_cast<unsigned long long>(c.prp2), nvme::status_name(st));
   std::abort();
 }
 
@@ -68,7 +70,7 @@ void make_queue(emu::emulated_controller& c, queue_mem& q, std::uint16_t qid, st
 struct harness {
   std::vector<std::vector<unsigned char>> shadow; // what each namespace holds
   std::vector<std::uint32_t> lba_size;
-  std::unique_ptr<dma_region> arena;              // PRPs point here (or anywhere)
+  std::unique_ptr<dma_region> arena;                          // PRPs point here (or anywhere)
   std::vector<std::pair<std::uint64_t, std::uint64_t>> rings; // bus ranges the harness's queues live in
   std::shared_ptr<emu::emulated_controller> ctrl;
   queue_mem admin, io;
@@ -86,7 +88,8 @@ struct harness {
 
   //! The bytes the PRPs of `cmd` describe for `bytes`, if all of them (and
   //! the PRP lists) are in the arena; `lists` gets the list bytes read.
-  bool arena_segments(const nvme::command& cmd, std::uint64_t bytes, std::vector<std::pair<unsigned char*, std::uint64_t>>& out,
+  bool arena_segments(const nvme::command& cmd, std::uint64_t bytes,
+                      std::vector<std::pair<unsigned char*, std::uint64_t>>& out,
                       std::vector<std::pair<unsigned char*, std::uint64_t>>* lists = nullptr) const {
     out.clear();
     if (lists != nullptr) lists->clear();
@@ -117,9 +120,12 @@ std::uint8_t pick_opcode(FuzzedDataProvider& f, bool admin) {
 
 std::uint64_t pick_address(FuzzedDataProvider& f, const harness& h) {
   switch (f.ConsumeIntegralInRange<int>(0, 3)) {
-  case 0: return f.ConsumeIntegral<std::uint64_t>();                                   // anywhere
-  case 1: return h.arena->bus_address(0) + f.ConsumeIntegralInRange<std::uint64_t>(0, arena_pages + 2) * page; // page, maybe past the end
-  case 2: return h.arena->bus_address(0) + f.ConsumeIntegralInRange<std::uint64_t>(0, arena_pages * page + 64); // any byte
+  case 0: return f.ConsumeIntegral<std::uint64_t>(); // anywhere
+  case 1:
+    return h.arena->bus_address(0) +
+           f.ConsumeIntegralInRange<std::uint64_t>(0, arena_pages + 2) * page; // page, maybe past the end
+  case 2:
+    return h.arena->bus_address(0) + f.ConsumeIntegralInRange<std::uint64_t>(0, arena_pages * page + 64); // any byte
   default: return 0;
   }
 }
@@ -132,10 +138,13 @@ nvme::command make_fuzzed(FuzzedDataProvider& f, harness& h, bool admin) {
   static constexpr std::uint32_t nsids[] = {0, 1, 2, 3, 0xffffffffu};
   c.nsid = f.ConsumeBool() ? nsids[f.ConsumeIntegralInRange<std::size_t>(0, 4)] : f.ConsumeIntegral<std::uint32_t>();
   const bool small = f.ConsumeBool(); // small numbers reach deeper than random ones
-  auto dword = [&] { return small ? f.ConsumeIntegralInRange<std::uint32_t>(0, 300) : f.ConsumeIntegral<std::uint32_t>(); };
+  auto dword = [&] {
+    return small ? f.ConsumeIntegralInRange<std::uint32_t>(0, 300) : f.ConsumeIntegral<std::uint32_t>();
+  };
   c.cdw10 = dword();
   c.cdw11 = dword();
-  c.cdw12 = small ? f.ConsumeIntegralInRange<std::uint32_t>(0, 300) | (f.ConsumeBool() ? 1u << 25 : 0) : f.ConsumeIntegral<std::uint32_t>();
+  c.cdw12 = small ? f.ConsumeIntegralInRange<std::uint32_t>(0, 300) | (f.ConsumeBool() ? 1u << 25 : 0)
+                  : f.ConsumeIntegral<std::uint32_t>();
   c.cdw13 = f.ConsumeBool() ? 0 : f.ConsumeIntegral<std::uint32_t>();
   c.cdw14 = f.ConsumeBool() ? 0 : f.ConsumeIntegral<std::uint32_t>();
   c.cdw15 = f.ConsumeBool() ? 0 : f.ConsumeIntegral<std::uint32_t>();
@@ -146,7 +155,8 @@ nvme::command make_fuzzed(FuzzedDataProvider& f, harness& h, bool admin) {
     const std::uint64_t first = f.ConsumeIntegralInRange<std::uint64_t>(0, 511);
     auto* list = reinterpret_cast<std::uint64_t*>(h.arena->as<unsigned char>() + list_page * page);
     const std::size_t entries = f.ConsumeIntegralInRange<std::size_t>(0, 40);
-    for (std::size_t i = 0; i < entries && first + i < 512; ++i) list[first + i] = h.tame(pick_address(f, h));
+    for (std::size_t i = 0; i < entries && first + i < 512; ++i)
+      list[first + i] = h.tame(pick_address(f, h));
     c.prp2 = h.arena->bus_address(list_page * page) + first * 8;
   } else {
     c.prp2 = h.tame(pick_address(f, h));
@@ -160,7 +170,8 @@ nvme::command make_fuzzed(FuzzedDataProvider& f, harness& h, bool admin) {
         qid == harness_qid)
       c.cdw10 = (c.cdw10 & 0xffff0000u) | 2u;
     // A new SQ posting to the harness's CQ would complete commands it never sent.
-    if (op == nvme::admin_opcode::create_io_sq && (c.cdw11 >> 16) == harness_qid) c.cdw11 = (c.cdw11 & 0xffffu) | (2u << 16);
+    if (op == nvme::admin_opcode::create_io_sq && (c.cdw11 >> 16) == harness_qid)
+      c.cdw11 = (c.cdw11 & 0xffffu) | (2u << 16);
   }
   return c;
 }
@@ -193,7 +204,8 @@ snapshot before(const harness& h, const nvme::command& c) {
   } else if (op == nvme::nvm_opcode::dataset_management) {
     const std::uint32_t nr = (c.cdw10 & 0xff) + 1;
     if (!h.arena_segments(c, nr * sizeof(nvme::dsm_range), s.segs)) return s;
-    for (auto& [p, len] : s.segs) s.dsm.insert(s.dsm.end(), p, p + len);
+    for (auto& [p, len] : s.segs)
+      s.dsm.insert(s.dsm.end(), p, p + len);
   }
   s.usable = true;
   return s;
@@ -207,19 +219,23 @@ void after(harness& h, const nvme::command& c, const snapshot& s, nvme::status s
   const auto op = static_cast<nvme::nvm_opcode>(c.opcode);
   const std::uint64_t slba = nvme::command_slba(c), nlb = nvme::command_nblocks(c);
   if (op == nvme::nvm_opcode::write || op == nvme::nvm_opcode::read) {
-    if (slba >= ns.size() / lba || nlb > ns.size() / lba - slba) fail("a transfer outside the namespace succeeded", c, st);
+    if (slba >= ns.size() / lba || nlb > ns.size() / lba - slba)
+      fail("a transfer outside the namespace succeeded", c, st);
     if (!s.usable) {
       if (op == nvme::nvm_opcode::write) h.modelled = false; // data from outside the arena: unknown from here on
       return;
     }
     std::uint64_t off = slba * lba;
     for (const auto& [p, len] : s.segs) {
-      if (op == nvme::nvm_opcode::write) std::memcpy(ns.data() + off, p, len);
-      else if (std::memcmp(ns.data() + off, p, len) != 0) fail("a read returned data that was never written there", c, st);
+      if (op == nvme::nvm_opcode::write)
+        std::memcpy(ns.data() + off, p, len);
+      else if (std::memcmp(ns.data() + off, p, len) != 0)
+        fail("a read returned data that was never written there", c, st);
       off += len;
     }
   } else if (op == nvme::nvm_opcode::write_zeroes) {
-    if (slba >= ns.size() / lba || nlb > ns.size() / lba - slba) fail("write zeroes outside the namespace succeeded", c, st);
+    if (slba >= ns.size() / lba || nlb > ns.size() / lba - slba)
+      fail("write zeroes outside the namespace succeeded", c, st);
     std::memset(ns.data() + slba * lba, 0, nlb * lba);
   } else if (op == nvme::nvm_opcode::dataset_management && (c.cdw11 & 4u) != 0) {
     if (!s.usable) {
@@ -231,7 +247,8 @@ void after(harness& h, const nvme::command& c, const snapshot& s, nvme::status s
       nvme::dsm_range r;
       std::memcpy(&r, s.dsm.data() + i * sizeof r, sizeof r);
       if (r.nblocks == 0) continue;
-      if (r.slba >= ns.size() / lba || r.nblocks > ns.size() / lba - r.slba) fail("deallocate outside the namespace succeeded", c, st);
+      if (r.slba >= ns.size() / lba || r.nblocks > ns.size() / lba - r.slba)
+        fail("deallocate outside the namespace succeeded", c, st);
       std::memset(ns.data() + r.slba * lba, 0, std::uint64_t{r.nblocks} * lba);
     }
   }
@@ -256,7 +273,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   cfg.max_queue_entries = f.ConsumeIntegralInRange<std::uint32_t>(4, 64);
   cfg.engine_threads = 1;
   cfg.name = "fuzz";
-  h.ctrl = emu::make_controller(cfg);
+  h.ctrl = emu::make_emulated_controller(cfg);
   auto& c = *h.ctrl;
   h.arena = c.alloc(arena_pages * page);
   {

@@ -10,7 +10,7 @@
 //         block a model computed here from the extents says.
 #include "npy.hpp"
 
-#include <bam/extent_map.hpp>
+#include <bam/file/extent_map.hpp>
 
 #include <fuzzer/FuzzedDataProvider.h>
 
@@ -69,7 +69,8 @@ void extent_case(FuzzedDataProvider& f) {
     const bool wild = f.ConsumeIntegralInRange<int>(0, 15) == 0;
     logical += f.ConsumeIntegralInRange<std::uint64_t>(0, 3) * unit;
     e.logical = wild ? f.ConsumeIntegralInRange<std::uint64_t>(0, 300 * 4096) : logical;
-    e.length = wild ? f.ConsumeIntegralInRange<std::uint64_t>(0, 64 * 4096) : f.ConsumeIntegralInRange<std::uint64_t>(1, 16) * unit;
+    e.length = wild ? f.ConsumeIntegralInRange<std::uint64_t>(0, 64 * 4096)
+                    : f.ConsumeIntegralInRange<std::uint64_t>(1, 16) * unit;
     e.physical = f.ConsumeIntegralInRange<std::uint64_t>(0, 1u << 14) * (wild ? 1 : unit);
     e.flags = f.ConsumeIntegralInRange<int>(0, 3) == 0 ? f.ConsumeIntegral<std::uint32_t>() & 0xfff : 0;
     logical = e.logical + e.length;

@@ -50,24 +50,28 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   case 0: {
     const auto r = take<bam_kmod_map_host>(p, n);
     const long got = bam_check_map_host(&r, max_bytes);
-    const long want = r.flags ? -EINVAL : expected_range(r.vaddr, r.length, BAM_KMOD_DMA_PAGE_SIZE, r.bus_addr_count, max_bytes);
+    const long want =
+        r.flags ? -EINVAL : expected_range(r.vaddr, r.length, BAM_KMOD_DMA_PAGE_SIZE, r.bus_addr_count, max_bytes);
     if (got != want) fail("MAP_HOST check disagrees with the ABI", r.vaddr, r.length);
     break;
   }
   case 1: {
     const auto r = take<bam_kmod_map_dmabuf>(p, n);
     const long got = bam_check_map_dmabuf(&r, max_bytes);
-    const long want = (r.flags || r.pad) ? -EINVAL
-                                         : expected_range(r.offset, r.length, BAM_KMOD_DMA_PAGE_SIZE, r.bus_addr_count, max_bytes);
+    const long want = (r.flags || r.pad)
+                          ? -EINVAL
+                          : expected_range(r.offset, r.length, BAM_KMOD_DMA_PAGE_SIZE, r.bus_addr_count, max_bytes);
     if (got != want) fail("MAP_DMABUF check disagrees with the ABI", r.offset, r.length);
     break;
   }
   case 2: {
     const auto r = take<bam_kmod_map_gpu>(p, n);
     const long got = bam_check_map_gpu(&r, max_bytes);
-    const long want = r.flags ? -EINVAL : expected_range(r.vaddr, r.length, BAM_KMOD_GPU_PAGE_SIZE, r.bus_addr_count, max_bytes);
+    const long want =
+        r.flags ? -EINVAL : expected_range(r.vaddr, r.length, BAM_KMOD_GPU_PAGE_SIZE, r.bus_addr_count, max_bytes);
     if (got != want) fail("MAP_GPU check disagrees with the ABI", r.vaddr, r.length);
-    if (got > 0 && (r.vaddr % BAM_KMOD_GPU_PAGE_SIZE != 0 || static_cast<std::uint64_t>(got) * BAM_KMOD_DMA_PAGE_SIZE != r.length))
+    if (got > 0 &&
+        (r.vaddr % BAM_KMOD_GPU_PAGE_SIZE != 0 || static_cast<std::uint64_t>(got) * BAM_KMOD_DMA_PAGE_SIZE != r.length))
       fail("MAP_GPU accepted a range that is not whole GPU pages", r.vaddr, r.length);
     break;
   }
@@ -75,8 +79,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const auto r = take<bam_kmod_alloc>(p, n);
     const int got = bam_check_alloc(&r, 4096);
     int want = 0;
-    if (r.flags || r.pad || r.length == 0 || r.length % 4096 != 0) want = -EINVAL;
-    else if (r.length > BAM_KMOD_MAX_ALLOC_BYTES) want = -E2BIG;
+    if (r.flags || r.pad || r.length == 0 || r.length % 4096 != 0)
+      want = -EINVAL;
+    else if (r.length > BAM_KMOD_MAX_ALLOC_BYTES)
+      want = -E2BIG;
     if (got != want) fail("ALLOC check disagrees with the ABI", r.length, r.flags);
     break;
   }

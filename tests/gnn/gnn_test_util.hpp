@@ -36,7 +36,8 @@ inline run_result bam_gnn(const std::string& args) {
   FILE* p = ::popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);
   char buf[4096];
-  while (std::fgets(buf, sizeof buf, p)) r.out += buf;
+  while (std::fgets(buf, sizeof buf, p))
+    r.out += buf;
   const int st = ::pclose(p);
   r.status = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
   return r;

@@ -32,8 +32,7 @@ using bam_gnn_test::bam_gnn;
 using bam_gnn_test::run_result;
 using bam_gnn_test::temp_dir;
 
-bam::gnn::manifest small_dataset(const fs::path& dir, std::uint64_t nodes, std::uint32_t dim,
-                                 bool file = true) {
+bam::gnn::manifest small_dataset(const fs::path& dir, std::uint64_t nodes, std::uint32_t dim, bool file = true) {
   bam::gnn::make_options o;
   o.features_file = file;
   o.graph.nodes = nodes;
@@ -69,14 +68,11 @@ TEST_CASE("fanouts parse hop by hop; bad ones are refused with the reason", "[gn
   }
 }
 
-TEST_CASE("hop capacities: seeds, then each hop's nodes and samples, never more than the graph",
-          "[gnn][aggregate]") {
+TEST_CASE("hop capacities: seeds, then each hop's nodes and samples, never more than the graph", "[gnn][aggregate]") {
   using bam::gnn::hop_capacities;
-  CHECK(hop_capacities(1'000'000, 1024, {15, 10}) ==
-        std::vector<std::uint64_t>{1024, 16384, 180224});
+  CHECK(hop_capacities(1'000'000, 1024, {15, 10}) == std::vector<std::uint64_t>{1024, 16384, 180224});
   CHECK(hop_capacities(1000, 1024, {15}) == std::vector<std::uint64_t>{1000, 1000});
-  CHECK(hop_capacities(50'000, 1024, {15, 10, 5}) ==
-        std::vector<std::uint64_t>{1024, 16384, 50'000, 50'000});
+  CHECK(hop_capacities(50'000, 1024, {15, 10, 5}) == std::vector<std::uint64_t>{1024, 16384, 50'000, 50'000});
   // No overflow on absurd sizes.
   CHECK(hop_capacities(~0ull / 2, ~0ull / 4, {1024, 1024}).back() == ~0ull / 2);
 }
@@ -103,8 +99,10 @@ TEST_CASE("the hot set is the nodes of the highest in-degree, ties to the lower 
   int coldest_hot = 1 << 30, hottest_cold = 0;
   for (std::uint64_t v = 0; v < 1000; ++v) {
     const bool in = std::find(hot.begin(), hot.end(), v) != hot.end();
-    if (in) coldest_hot = std::min(coldest_hot, degree[v]);
-    else hottest_cold = std::max(hottest_cold, degree[v]);
+    if (in)
+      coldest_hot = std::min(coldest_hot, degree[v]);
+    else
+      hottest_cold = std::max(hottest_cold, degree[v]);
   }
   CHECK(coldest_hot >= hottest_cold);
   CHECK_THROWS_WITH(bam::gnn::hottest_nodes({0, 5}, 5, 1), ContainsSubstring("neighbour id 5 is outside"));
@@ -122,8 +120,7 @@ TEST_CASE("pages a row touches", "[gnn][aggregate]") {
   CHECK(row_pages(2, 6000, 4096) == 3); // bytes 12000..17999: pages 2..4
 }
 
-TEST_CASE("the thread pool runs every task once, again and again, and passes failures on",
-          "[gnn][aggregate]") {
+TEST_CASE("the thread pool runs every task once, again and again, and passes failures on", "[gnn][aggregate]") {
   bam::gnn::thread_pool pool(3);
   CHECK(pool.size() == 3);
   for (int round = 0; round < 50; ++round) {
@@ -143,8 +140,7 @@ TEST_CASE("the thread pool runs every task once, again and again, and passes fai
   pool.run(0, [](std::uint64_t) { FAIL("no task to run"); });
 }
 
-TEST_CASE("CPU gather baseline: rows of the feature file equal the generator's",
-          "[gnn][aggregate]") {
+TEST_CASE("CPU gather baseline: rows of the feature file equal the generator's", "[gnn][aggregate]") {
   temp_dir t;
   const bam::gnn::manifest m = small_dataset(t.path, 3000, 24);
   const std::uint64_t rb = m.features.row_bytes();
@@ -168,8 +164,7 @@ TEST_CASE("CPU gather baseline: rows of the feature file equal the generator's",
     CHECK(std::memcmp(row.data(), got.data() + k * rb, rb) == 0);
   }
   std::vector<std::uint64_t> bad{1, m.nodes};
-  CHECK_THROWS_WITH(bam::gnn::cpu_gather_rows(pool, table.data(), m.nodes, rb, bad.data(),
-                                              bad.size(), got.data()),
+  CHECK_THROWS_WITH(bam::gnn::cpu_gather_rows(pool, table.data(), m.nodes, rb, bad.data(), bad.size(), got.data()),
                     ContainsSubstring("row id 3000 is outside the table's 3000 rows"));
 }
 
@@ -208,15 +203,14 @@ TEST_CASE("the gather stage's time is the union of the gathers of batches in fli
   using bam::gnn::interval_union_ms;
   CHECK(interval_union_ms({}) == 0);
   CHECK(interval_union_ms({{1, 3}}) == 2);
-  CHECK(interval_union_ms({{1, 3}, {5, 6}}) == 3);            // apart: the sum
-  CHECK(interval_union_ms({{5, 9}, {1, 3}, {2, 6}}) == 8);    // overlapping, in any order: 1..9
-  CHECK(interval_union_ms({{1, 10}, {2, 3}, {4, 5}}) == 9);   // nested
-  CHECK(interval_union_ms({{1, 2}, {2, 4}}) == 3);            // touching
-  CHECK(interval_union_ms({{4, 4}, {7, 6}, {0, 1}}) == 1);    // empty and reversed ones count nothing
+  CHECK(interval_union_ms({{1, 3}, {5, 6}}) == 3);          // apart: the sum
+  CHECK(interval_union_ms({{5, 9}, {1, 3}, {2, 6}}) == 8);  // overlapping, in any order: 1..9
+  CHECK(interval_union_ms({{1, 10}, {2, 3}, {4, 5}}) == 9); // nested
+  CHECK(interval_union_ms({{1, 2}, {2, 4}}) == 3);          // touching
+  CHECK(interval_union_ms({{4, 4}, {7, 6}, {0, 1}}) == 1);  // empty and reversed ones count nothing
 }
 
-TEST_CASE("the table is striped onto controllers page by page, as bam::array reads it",
-          "[gnn][aggregate]") {
+TEST_CASE("the table is striped onto controllers page by page, as bam::array reads it", "[gnn][aggregate]") {
   const bool file = GENERATE(true, false);
   const std::uint32_t controllers = GENERATE(1u, 3u);
   const std::uint32_t page = GENERATE(512u, 4096u);
@@ -233,8 +227,7 @@ TEST_CASE("the table is striped onto controllers page by page, as bam::array rea
   std::vector<float> row(m.features.dim);
   for (const std::uint64_t node : {std::uint64_t{0}, std::uint64_t{77}, m.nodes - 1}) {
     bam::gnn::feature_row(m.features.seed, node, m.features.dim, row.data());
-    CHECK(std::memcmp(row.data(), table.data() + node * m.features.row_bytes(),
-                      m.features.row_bytes()) == 0);
+    CHECK(std::memcmp(row.data(), table.data() + node * m.features.row_bytes(), m.features.row_bytes()) == 0);
   }
   const std::uint64_t start = 3 * 512;
   const std::uint64_t pages = (bytes + page - 1) / page;
@@ -260,24 +253,21 @@ TEST_CASE("the table is striped onto controllers page by page, as bam::array rea
   CHECK(media[0][start - 1] == 0xee); // nothing before the start
 }
 
-TEST_CASE("the host's mean aggregation: own and sampled neighbours, hop by hop",
-          "[gnn][aggregate]") {
+TEST_CASE("the host's mean aggregation: own and sampled neighbours, hop by hop", "[gnn][aggregate]") {
   using bam::gnn::mean_aggregate_reference;
   using bam::gnn::no_node;
   // One hop, one column: node 5 with samples 3 and 9.
-  CHECK(mean_aggregate_reference({{5}, {3, 5, 9}}, {{3, 9}}, {2}, {1.0f, 2.0f, 5.0f}, 1) ==
-        std::vector<float>{2.5f});
+  CHECK(mean_aggregate_reference({{5}, {3, 5, 9}}, {{3, 9}}, {2}, {1.0f, 2.0f, 5.0f}, 1) == std::vector<float>{2.5f});
   // An empty slot counts for nothing; no samples at all: half the node's own.
   CHECK(mean_aggregate_reference({{5}, {3, 5, 9}}, {{3, no_node}}, {2}, {1.0f, 2.0f, 5.0f}, 1) ==
         std::vector<float>{1.5f});
-  CHECK(mean_aggregate_reference({{5}, {3, 5, 9}}, {{no_node, no_node}}, {2}, {1.0f, 2.0f, 5.0f},
-                                 1) == std::vector<float>{1.0f});
+  CHECK(mean_aggregate_reference({{5}, {3, 5, 9}}, {{no_node, no_node}}, {2}, {1.0f, 2.0f, 5.0f}, 1) ==
+        std::vector<float>{1.0f});
   // Two hops, two columns.
-  const std::vector<float> h = mean_aggregate_reference({{1}, {1, 2}, {1, 2, 3}}, {{2}, {2, 3}},
-                                                        {1, 1}, {10, -1, 20, -2, 30, -3}, 2);
+  const std::vector<float> h =
+      mean_aggregate_reference({{1}, {1, 2}, {1, 2, 3}}, {{2}, {2, 3}}, {1, 1}, {10, -1, 20, -2, 30, -3}, 2);
   CHECK(h == std::vector<float>{20.0f, -2.0f});
   // A sample missing from the next hop's set.
-  CHECK_THROWS_WITH(
-      mean_aggregate_reference({{5}, {3, 5, 9}}, {{4, 9}}, {2}, {1.0f, 2.0f, 5.0f}, 1),
-      ContainsSubstring("lacks node 4"));
+  CHECK_THROWS_WITH(mean_aggregate_reference({{5}, {3, 5, 9}}, {{4, 9}}, {2}, {1.0f, 2.0f, 5.0f}, 1),
+                    ContainsSubstring("lacks node 4"));
 }

@@ -69,7 +69,8 @@ TEST_CASE("R-MAT: a valid CSR, the same for any thread count, another for anothe
       if (i > g1.indptr[u]) REQUIRE(g1.indices[static_cast<std::size_t>(i - 1)] < v);
       edges.insert({static_cast<std::int32_t>(u), v});
     }
-  for (const auto& [u, v] : edges) REQUIRE(edges.count({v, u}) == 1);
+  for (const auto& [u, v] : edges)
+    REQUIRE(edges.count({v, u}) == 1);
   // Most of the requested edges survive merging (R-MAT repeats hub edges).
   CHECK(g1.edges() > 0.7 * 16 * (1 << 14));
   CHECK(g1.edges() <= 16 * (1 << 14));
@@ -78,7 +79,8 @@ TEST_CASE("R-MAT: a valid CSR, the same for any thread count, another for anothe
 TEST_CASE("R-MAT: degrees follow a power law, and do not follow the node id", "[gnn]") {
   const auto g = bam::gnn::make_rmat(small(2));
   std::vector<std::int64_t> deg(g.nodes());
-  for (std::uint64_t u = 0; u < g.nodes(); ++u) deg[u] = g.indptr[u + 1] - g.indptr[u];
+  for (std::uint64_t u = 0; u < g.nodes(); ++u)
+    deg[u] = g.indptr[u + 1] - g.indptr[u];
   const double mean = static_cast<double>(g.edges()) / static_cast<double>(g.nodes());
   auto sorted = deg;
   std::sort(sorted.rbegin(), sorted.rend());
@@ -86,12 +88,14 @@ TEST_CASE("R-MAT: degrees follow a power law, and do not follow the node id", "[
   // nodes hold far more than 1% of the edges; many nodes far below the mean.
   CHECK(static_cast<double>(sorted[0]) > 20 * mean);
   std::int64_t top = 0;
-  for (std::size_t i = 0; i < g.nodes() / 100; ++i) top += sorted[i];
+  for (std::size_t i = 0; i < g.nodes() / 100; ++i)
+    top += sorted[i];
   CHECK(static_cast<double>(top) / static_cast<double>(g.edges()) > 0.08);
   CHECK(static_cast<double>(sorted[g.nodes() / 2]) < mean);
   // Scrambled labels: the first and second half of the ids hold similar shares.
   std::int64_t lo = 0, hi = 0;
-  for (std::uint64_t u = 0; u < g.nodes(); ++u) (u < g.nodes() / 2 ? lo : hi) += deg[u];
+  for (std::uint64_t u = 0; u < g.nodes(); ++u)
+    (u < g.nodes() / 2 ? lo : hi) += deg[u];
   CHECK(std::abs(static_cast<double>(lo - hi)) < 0.25 * static_cast<double>(lo + hi));
 }
 
@@ -134,7 +138,8 @@ TEST_CASE(".npy files: written, read back, and readable by NumPy", "[gnn]") {
   bam::gnn::npy_read(d / "a.npy", h, 0, 5, back.data());
   CHECK(back == a);
   std::vector<float> m(6);
-  for (int i = 0; i < 6; ++i) m[static_cast<std::size_t>(i)] = 0.5f * static_cast<float>(i);
+  for (int i = 0; i < 6; ++i)
+    m[static_cast<std::size_t>(i)] = 0.5f * static_cast<float>(i);
   bam::gnn::npy_write(d / "m.npy", "<f4", {2, 3}, m.data());
   CHECK(bam::gnn::npy_read_header(d / "m.npy").shape == std::vector<std::uint64_t>{2, 3});
   {
@@ -147,9 +152,11 @@ TEST_CASE(".npy files: written, read back, and readable by NumPy", "[gnn]") {
     return;
   }
   const std::string py = "python3 -c \"import numpy as np; a = np.load('" + d / "a.npy" + "'); m = np.load('" +
-                         d / "m.npy" + "'); assert a.tolist() == [0, 3, 3, 7, 1 << 40], a; "
+                         d / "m.npy" +
+                         "'); assert a.tolist() == [0, 3, 3, 7, 1 << 40], a; "
                          "assert m.shape == (2, 3) and m[1, 2] == 2.5, m; "
-                         "np.save('" + d / "p.npy" + "', np.arange(12, dtype=np.float32).reshape(4, 3))\"";
+                         "np.save('" +
+                         d / "p.npy" + "', np.arange(12, dtype=np.float32).reshape(4, 3))\"";
   REQUIRE(std::system(py.c_str()) == 0);
   const auto ph = bam::gnn::npy_read_header(d / "p.npy");
   CHECK(ph.dtype == "<f4");
@@ -162,7 +169,8 @@ TEST_CASE(".npy files: written, read back, and readable by NumPy", "[gnn]") {
 TEST_CASE("import: an edge list and a CSR pair, features referenced in place", "[gnn]") {
   temp_dir d;
   std::vector<float> feats(5 * 4);
-  for (std::size_t i = 0; i < feats.size(); ++i) feats[i] = static_cast<float>(i);
+  for (std::size_t i = 0; i < feats.size(); ++i)
+    feats[i] = static_cast<float>(i);
   bam::gnn::npy_write(d / "feats.npy", "<f4", {5, 4}, feats.data());
   {
     std::ofstream e(d / "edges.txt");

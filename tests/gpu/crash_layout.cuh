@@ -11,15 +11,13 @@ namespace bam_crash {
 
 inline constexpr std::uint32_t lba_size = 512;
 inline constexpr std::size_t page_size = 4096;
-inline constexpr std::uint64_t array_lba = 2048;      //!< 1 MiB of guard words before the array
-inline constexpr std::uint64_t elements = 4ull << 20; //!< 16 MiB of uint32
-inline constexpr std::uint64_t rewritten =
-    elements / 2; //!< after the flush only [0, rewritten) is written
+inline constexpr std::uint64_t array_lba = 2048;               //!< 1 MiB of guard words before the array
+inline constexpr std::uint64_t elements = 4ull << 20;          //!< 16 MiB of uint32
+inline constexpr std::uint64_t rewritten = elements / 2;       //!< after the flush only [0, rewritten) is written
 inline constexpr std::uint64_t trailing_guard_bytes = 1 << 20; //!< after the array
 inline constexpr std::uint64_t array_offset = array_lba * lba_size;
 inline constexpr std::uint64_t file_bytes = array_offset + elements * 4 + trailing_guard_bytes;
-inline constexpr std::size_t cache_bytes =
-    2 << 20; //!< smaller than the rewritten part: it is evicted and written back
+inline constexpr std::size_t cache_bytes = 2 << 20; //!< smaller than the rewritten part: it is evicted and written back
 
 __host__ __device__ inline std::uint32_t mix(std::uint64_t x) {
   x ^= x >> 33;
@@ -30,15 +28,11 @@ __host__ __device__ inline std::uint32_t mix(std::uint64_t x) {
   return static_cast<std::uint32_t>(x);
 }
 //! Word w (byte offset 4w) of the file outside the array.
-__host__ __device__ inline std::uint32_t guard_word(std::uint64_t w) {
-  return mix(w ^ 0x6a09e667f3bcc908ull);
-}
+__host__ __device__ inline std::uint32_t guard_word(std::uint64_t w) { return mix(w ^ 0x6a09e667f3bcc908ull); }
 //! Element i as flushed before the crash.
 __host__ __device__ inline std::uint32_t flushed_value(std::uint64_t i) { return mix(i * 2 + 1); }
 //! Element i as written after the flush (never flushed).
-__host__ __device__ inline std::uint32_t unflushed_value(std::uint64_t i) {
-  return mix(i * 2 + 2) | 1u;
-}
+__host__ __device__ inline std::uint32_t unflushed_value(std::uint64_t i) { return mix(i * 2 + 2) | 1u; }
 
 //! The storage over the file, for the writer and for the process after it.
 inline std::string device_string(const std::string& path) {
@@ -46,8 +40,7 @@ inline std::string device_string(const std::string& path) {
 }
 
 //! What the writer says on its pipe.
-inline constexpr char flushed_mark = 'F'; //!< the first pattern is written and flushed
-inline constexpr char in_flight_mark =
-    'W'; //!< unflushed writes are being written back by evictions
+inline constexpr char flushed_mark = 'F';   //!< the first pattern is written and flushed
+inline constexpr char in_flight_mark = 'W'; //!< unflushed writes are being written back by evictions
 
 } // namespace bam_crash

@@ -23,16 +23,16 @@
 namespace {
 
 __global__ void write_flushed(bam::array_ref<std::uint32_t> a) {
-  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
-       i < a.size(); i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
+  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < a.size();
+       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
     a.write(i, bam_crash::flushed_value(i));
 }
 
 // Each pass writes every element of [0, rewritten) once; `passes` of them.
 __global__ void write_unflushed(bam::array_ref<std::uint32_t> a, int passes) {
   for (int k = 0; k < passes; ++k)
-    for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
-         i < bam_crash::rewritten; i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
+    for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < bam_crash::rewritten;
+         i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
       a.write(i, bam_crash::unflushed_value(i));
 }
 

@@ -41,9 +41,21 @@ __global__ void multi_array_kernel(bam::array_ref<std::uint32_t> a, layout la, b
   for (int it = 0; it < iters; ++it) {
     const std::uint64_t r = rnd(tid * 7919 + it);
     switch (r % 3) {
-    case 0: { const auto i = (r >> 8) % a.size(); bad += a[i] != la.expected(i); break; }
-    case 1: { const auto i = (r >> 8) % b.size(); bad += b[i] != lb.expected(i); break; }
-    default: { const auto i = (r >> 8) % c3.size(); bad += c3[i] != lc.expected(i); break; }
+    case 0: {
+      const auto i = (r >> 8) % a.size();
+      bad += a[i] != la.expected(i);
+      break;
+    }
+    case 1: {
+      const auto i = (r >> 8) % b.size();
+      bad += b[i] != lb.expected(i);
+      break;
+    }
+    default: {
+      const auto i = (r >> 8) % c3.size();
+      bad += c3[i] != lc.expected(i);
+      break;
+    }
     }
   }
   if (bad) atomicAdd(&c->bad, bad);
@@ -84,7 +96,8 @@ __global__ void copy_range_kernel(bam::array_ref<std::uint32_t> a, layout l, std
     const std::uint64_t begin = (r >> 20) % (a.size() - len);
     if (!a.copy_to(begin, len, out)) ++bad;
     __syncwarp();
-    for (std::uint32_t k = lane; k < len; k += 32) bad += out[k] != l.expected(begin + k);
+    for (std::uint32_t k = lane; k < len; k += 32)
+      bad += out[k] != l.expected(begin + k);
     __syncwarp();
   }
   if (bad) atomicAdd(&c->bad, bad);
@@ -114,8 +127,8 @@ __global__ void reader_kernel(bam::array_ref<std::uint32_t> a, layout l, std::ui
 //! index past the end; then reads that element. Counts the prefetches that
 //! said the page arrived (`done`), wrong answers (`errors`: an arrival for a
 //! bad index, none for a good one) and wrong values (`bad`).
-__global__ void prefetch_kernel(bam::array_ref<std::uint32_t> a, layout l, std::uint64_t per_page,
-                                std::uint64_t stride, counters* c) {
+__global__ void prefetch_kernel(bam::array_ref<std::uint32_t> a, layout l, std::uint64_t per_page, std::uint64_t stride,
+                                counters* c) {
   const std::uint64_t tid = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
   const bool past_end = tid % 8 == 7;
   const std::uint64_t i = past_end ? a.size() + tid : (tid * stride) * per_page + 7;
@@ -213,7 +226,7 @@ TEST_CASE("writes, eviction write-back, flush and reread", "[gpu][array]") {
   const std::uint64_t per_page = page / 4;
   std::uint64_t bad = 0;
   for (std::uint32_t ctrl = 0; ctrl < ssds; ++ctrl) {
-    s.read_media(ctrl, 0, media.data(), media.size() * 4);
+    bam::emu::read_media(s, ctrl, 0, media.data(), media.size() * 4);
     for (std::uint64_t i = 0; i < n; ++i) {
       const std::uint64_t p = i / per_page;
       if (p % ssds != ctrl) continue;
@@ -318,7 +331,8 @@ __global__ void reader_early_exit_kernel(bam::array_ref<std::uint32_t> a, std::u
 
 } // namespace
 
-TEST_CASE("a reader's lanes that leave a loop do not keep the rest of the warp from the cache", "[gpu][array][sanitize]") {
+TEST_CASE("a reader's lanes that leave a loop do not keep the rest of the warp from the cache",
+          "[gpu][array][sanitize]") {
   bam::storage s(dev_string("hbm", 16, 1));
   bam_test::fill_pattern(s);
   bam::page_cache cache({.page_size = 4096, .capacity = 4096, .ways = 1, .timeout_ns = 2'000'000'000ull});
@@ -330,7 +344,8 @@ TEST_CASE("a reader's lanes that leave a loop do not keep the rest of the warp f
   REQUIRE_NOTHROW(a.check());
   std::vector<std::uint32_t> got(32);
   bam::copy_to_host(got.data(), out.get(), got.size());
-  for (unsigned lane = 0; lane < 32; ++lane) CHECK(got[lane] == l.expected((lane < 16 ? 7 : 5) * 1024ull + lane));
+  for (unsigned lane = 0; lane < 32; ++lane)
+    CHECK(got[lane] == l.expected((lane < 16 ? 7 : 5) * 1024ull + lane));
 }
 
 namespace {
@@ -348,8 +363,8 @@ __global__ void page_walk_kernel(bam::array_ref<std::uint32_t> a, layout l, std:
   for (int it = 0; it < iters; ++it) {
     const std::uint64_t begin = rnd(warp * 7 + it) % (a.size() - stretch);
     for (std::uint64_t p0 = begin; p0 < begin + stretch; p0 = (p0 / per_page + 1) * per_page) {
-      const std::uint64_t end = (p0 / per_page + 1) * per_page < begin + stretch ? (p0 / per_page + 1) * per_page
-                                                                                  : begin + stretch;
+      const std::uint64_t end =
+          (p0 / per_page + 1) * per_page < begin + stretch ? (p0 / per_page + 1) * per_page : begin + stretch;
       auto pg = a.page(p0);
       held += lane == 0 && pg.pinned();
       const bam::page_span<std::uint32_t> sp = use_span ? pg.span() : bam::page_span<std::uint32_t>{};
@@ -455,7 +470,8 @@ TEST_CASE("a page handle's lanes that leave a loop early do not keep its page pi
   CHECK(c.get().bad == 0);
   std::vector<std::uint32_t> got(32);
   bam::copy_to_host(got.data(), out.get(), got.size());
-  for (unsigned lane = 0; lane < 32; ++lane) CHECK(got[lane] == l.expected(7 * 1024ull + lane));
+  for (unsigned lane = 0; lane < 32; ++lane)
+    CHECK(got[lane] == l.expected(7 * 1024ull + lane));
 }
 
 TEST_CASE("a page handle over a bad index holds nothing and reports the index", "[gpu][array]") {
@@ -583,14 +599,17 @@ __global__ void one_page_warps_kernel(bam::array_ref<std::uint32_t> a, layout l,
   unsigned long long bad = 0, found = 0, disagree = 0, high = 0;
   for (std::uint64_t p = warp; p < pages; p += warps) {
     const std::uint64_t base = p * per_page;
-    for (std::uint64_t k = lane; k < per_page; k += 32) bad += a[base + k] != l.expected(base + k);
+    for (std::uint64_t k = lane; k < per_page; k += 32)
+      bad += a[base + k] != l.expected(base + k);
     a.copy_to(base, per_page, out);
     __syncwarp();
-    for (std::uint64_t k = lane; k < per_page; k += 32) bad += out[k] != l.expected(base + k);
+    for (std::uint64_t k = lane; k < per_page; k += 32)
+      bad += out[k] != l.expected(base + k);
     __syncwarp();
     {
       auto pg = a.page(base + lane);
-      for (std::uint64_t k = lane; k < per_page; k += 32) bad += pg[base + k] != l.expected(base + k);
+      for (std::uint64_t k = lane; k < per_page; k += 32)
+        bad += pg[base + k] != l.expected(base + k);
     }
     const std::uint64_t key = a.key_of(base);
     bam::pin_result one{0, bam::pin_state::miss};
@@ -690,7 +709,8 @@ __host__ __device__ T expected_element(const layout& l, std::uint64_t i) {
 template <class T>
 __host__ __device__ T written_element(std::uint64_t i) {
   unsigned char bytes[sizeof(T)];
-  for (std::uint32_t k = 0; k < sizeof(T); ++k) bytes[k] = static_cast<unsigned char>(rnd(i * 131 + k) >> 7);
+  for (std::uint32_t k = 0; k < sizeof(T); ++k)
+    bytes[k] = static_cast<unsigned char>(rnd(i * 131 + k) >> 7);
   T t;
   memcpy(&t, bytes, sizeof(T));
   return t;
@@ -756,13 +776,13 @@ __global__ void element_check_kernel(bam::array_ref<T> a, layout l, T* scratch, 
 
 } // namespace
 
-TEMPLATE_TEST_CASE("every element size: reads, writes, readers, page handles and range copies", "[gpu][array][elements]",
-                   std::uint8_t, std::uint16_t, std::uint32_t, std::uint64_t, pair16, vec32) {
+TEMPLATE_TEST_CASE("every element size: reads, writes, readers, page handles and range copies",
+                   "[gpu][array][elements]", std::uint8_t, std::uint16_t, std::uint32_t, std::uint64_t, pair16, vec32) {
   using T = TestType;
   bam::storage s(dev_string("hbm", 16, 2));
   bam_test::fill_pattern(s);
   bam::page_cache cache({.page_size = 4096, .capacity = 1ull << 20}); // a quarter of the data
-  const std::uint64_t n = (4ull << 20) / sizeof(T) + 7;                 // not a whole number of pages
+  const std::uint64_t n = (4ull << 20) / sizeof(T) + 7;               // not a whole number of pages
   bam::array<T> a(cache, s, n, 64);
   layout l{64, 4096, 512, 2};
   l.elem = sizeof(T);
@@ -785,8 +805,8 @@ TEMPLATE_TEST_CASE("every element size: reads, writes, readers, page handles and
   REQUIRE_NOTHROW(cache.flush());
   std::vector<unsigned char> media(s.blocks_per_controller() * 512);
   std::vector<unsigned char> other(media.size());
-  s.read_media(0, 0, media.data(), media.size());
-  s.read_media(1, 0, other.data(), other.size());
+  bam::emu::read_media(s, 0, 0, media.data(), media.size());
+  bam::emu::read_media(s, 1, 0, other.data(), other.size());
   std::uint64_t bad = 0;
   const std::uint64_t per_page = 4096 / sizeof(T);
   for (std::uint64_t i = 0; i < n; ++i) {
@@ -843,7 +863,7 @@ TEST_CASE("an injected error status makes check() throw with LBA, controller and
   r.lba_last = 807; // one page on controller 1
   r.count = 0;
   r.status = {bam::nvme::status_type::media_error, bam::nvme::media_status::unrecovered_read_error, true};
-  s.emu_controllers()[1]->faults().add(r);
+  bam::emu::software_controller(s, 1).faults().add(r);
   device_counters c;
   random_read_kernel<<<256, 128>>>(a.ref(), layout{0, 4096, 512, 2}, 32, 5, c.ptr());
   BAM_TEST_SYNC();
@@ -860,14 +880,14 @@ TEST_CASE("an injected error status makes check() throw with LBA, controller and
     REQUIRE(e.context().index.has_value());
     CHECK(*e.context().index / 1024 == 2 * 100 + 1); // page 201: controller 1, LBA 800
   }
-  s.emu_controllers()[1]->faults().clear();
+  bam::emu::software_controller(s, 1).faults().clear();
 }
 
 TEST_CASE("a controller that stops answering gives a timeout error, and the process goes on", "[gpu][array]") {
   bam::storage s("emu-gpu:hbm=16M,queues=8,depth=32,timeout=300ms");
   bam::page_cache cache({.page_size = 4096, .capacity = 1 << 20, .timeout_ns = 300'000'000ull});
   bam::array<std::uint32_t> a(cache, s, (16ull << 20) / 4);
-  s.emu_controllers()[0]->stop_answering(true);
+  bam::emu::software_controller(s, 0).stop_answering(true);
   device_counters c;
   const auto t0 = std::chrono::steady_clock::now();
   random_read_kernel<<<64, 128>>>(a.ref(), layout{0, 4096, 512, 1}, 4, 9, c.ptr());
@@ -884,5 +904,5 @@ TEST_CASE("a controller that stops answering gives a timeout error, and the proc
     CHECK((*e.status() == bam::nvme::status_timeout || *e.status() == bam::nvme::status_queue_broken ||
            *e.status() == bam::nvme::status_queue_full));
   }
-  s.emu_controllers()[0]->stop_answering(false);
+  bam::emu::software_controller(s, 0).stop_answering(false);
 }

@@ -39,8 +39,8 @@ __global__ void write_range(bam::array_ref<std::uint32_t> a, std::uint64_t n, st
        i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
     a.write(i, value_of(i, salt));
 }
-__global__ void check_range(bam::array_ref<std::uint32_t> a, std::uint64_t offset, std::uint64_t n,
-                            std::uint32_t salt, counters* c) {
+__global__ void check_range(bam::array_ref<std::uint32_t> a, std::uint64_t offset, std::uint64_t n, std::uint32_t salt,
+                            counters* c) {
   unsigned long long bad = 0;
   for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
@@ -93,7 +93,7 @@ TEST_CASE("a neighbour's failed write-back does not fail a read, and is reported
   bam::page_cache cache({.page_size = 4096, .capacity = 4 * 4096, .ways = 4});
   bam::array<std::uint32_t> a(cache, s, (8ull << 20) / 4);
   const layout l{0, 4096, 512, 1};
-  auto& faults = s.emu_controllers()[0]->faults();
+  auto& faults = bam::emu::software_controller(s, 0).faults();
   const auto rule = faults.add(failing_writes(0, 7)); // page 0's write-back fails, the others' succeed
   device_counters c;
   pages_kernel<<<1, 1>>>(a.ref(), 0, 4, 1024, true, 1, l, c.ptr()); // four dirty pages
@@ -118,7 +118,7 @@ TEST_CASE("a neighbour's failed write-back does not fail a read, and is reported
   faults.clear();
   REQUIRE_NOTHROW(cache.flush());
   std::uint32_t first = 0;
-  s.read_media(0, 0, &first, 4);
+  bam::emu::read_media(s, 0, 0, &first, 4);
   std::uint32_t want = static_cast<std::uint32_t>(bam_test::rnd(0 * 977 + 1));
   CHECK(first == want);
 }
@@ -135,7 +135,7 @@ TEST_CASE("a failed load does not stick: the retry after the fault is gone succe
   r.lba_last = 807;
   r.count = 1; // a transient error
   r.status = {bam::nvme::status_type::media_error, bam::nvme::media_status::unrecovered_read_error};
-  s.emu_controllers()[0]->faults().add(r);
+  bam::emu::software_controller(s, 0).faults().add(r);
   device_counters c;
   pages_kernel<<<1, 1>>>(a.ref(), 100, 1, 1024, false, 0, l, c.ptr());
   BAM_TEST_SYNC();
@@ -151,7 +151,8 @@ TEST_CASE("a failed load does not stick: the retry after the fault is gone succe
 namespace {
 
 // Warp w reads page first_page + w.
-__global__ void page_per_warp_kernel(bam::array_ref<std::uint32_t> a, std::uint64_t first_page, std::uint32_t per_page) {
+__global__ void page_per_warp_kernel(bam::array_ref<std::uint32_t> a, std::uint64_t first_page,
+                                     std::uint32_t per_page) {
   const std::uint64_t w = (blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x) / 32;
   volatile std::uint32_t sink = a[(first_page + w) * per_page + threadIdx.x % 32];
   (void)sink;
@@ -209,7 +210,7 @@ TEST_CASE("a set whose slots a timed-out load may still land in fails later miss
   bam::page_cache cache({.page_size = 4096, .capacity = 4096, .ways = 1, .timeout_ns = 200'000'000ull});
   bam::array<std::uint32_t> a(cache, s, (8ull << 20) / 4);
   const layout l{0, 4096, 512, 1};
-  auto& faults = s.emu_controllers()[0]->faults();
+  auto& faults = bam::emu::software_controller(s, 0).faults();
   faults.add(drop_all(bam::nvme::nvm_opcode::read));
   device_counters c;
   pages_kernel<<<1, 1>>>(a.ref(), 0, 1, 1024, false, 0, l, c.ptr());
@@ -245,7 +246,7 @@ TEST_CASE("a page whose flush timed out stays out of use, and misses on its set 
   REQUIRE_NOTHROW(a.check());
   // Its write-back is never answered: the flush times out, and the write may
   // still read the slot, so the slot stays busy for good.
-  auto& faults = s.emu_controllers()[0]->faults();
+  auto& faults = bam::emu::software_controller(s, 0).faults();
   faults.add(drop_all(bam::nvme::nvm_opcode::write));
   CHECK_THROWS(cache.flush());
   faults.clear();
@@ -311,7 +312,7 @@ TEST_CASE("a write-back that times out during a miss keeps its slot out of use, 
   BAM_TEST_SYNC();
   REQUIRE_NOTHROW(a.check());
   // A miss on page 1 writes page 0 back first; that write is never answered.
-  auto& faults = s.emu_controllers()[0]->faults();
+  auto& faults = bam::emu::software_controller(s, 0).faults();
   faults.add(drop_all(bam::nvme::nvm_opcode::write));
   pages_kernel<<<1, 1>>>(a.ref(), 1, 1, 1024, false, 0, l, c.ptr());
   BAM_TEST_SYNC();
@@ -464,7 +465,7 @@ TEST_CASE("a lane whose command is dropped times out after one deadline while ot
   bam::emu::fault_rule drop = drop_all(bam::nvme::nvm_opcode::read);
   drop.lba_first = dropped * 8;
   drop.lba_last = dropped * 8 + 7;
-  s.emu_controllers()[0]->faults().add(drop);
+  bam::emu::software_controller(s, 0).faults().add(drop);
   bam::device_buffer<unsigned long long> took(1);
   // The others keep missing for 3 s (15 deadlines): their completions on the
   // same queue must not keep the dropped read waiting.
@@ -480,12 +481,11 @@ TEST_CASE("a lane whose command is dropped times out after one deadline while ot
   CHECK_THROWS(a.check());
 }
 
-TEST_CASE("a failed write-back on detach loses nothing: the pages stay, and a later array sees them",
-          "[gpu][cache]") {
+TEST_CASE("a failed write-back on detach loses nothing: the pages stay, and a later array sees them", "[gpu][cache]") {
   bam::storage s("emu-gpu:hbm=8M,queues=4,depth=16");
   bam_test::fill_pattern(s);
   bam::page_cache cache({.page_size = 4096, .capacity = 1 << 20});
-  auto& faults = s.emu_controllers()[0]->faults();
+  auto& faults = bam::emu::software_controller(s, 0).faults();
   const std::uint64_t n = (256ull << 10) / 4; // 256 KiB: all of it stays in the cache
   {
     bam::array<std::uint32_t> a(cache, s, n, 0);
@@ -508,14 +508,14 @@ TEST_CASE("a failed write-back on detach loses nothing: the pages stay, and a la
   faults.clear();
   REQUIRE_NOTHROW(cache.flush());
   std::vector<std::uint32_t> media(n);
-  s.read_media(0, 0, media.data(), n * 4);
+  bam::emu::read_media(s, 0, 0, media.data(), n * 4);
   std::uint64_t bad = 0;
-  for (std::uint64_t i = 0; i < n; ++i) bad += media[i] != static_cast<std::uint32_t>(bam_test::rnd(i * 977 + 9));
+  for (std::uint64_t i = 0; i < n; ++i)
+    bad += media[i] != static_cast<std::uint32_t>(bam_test::rnd(i * 977 + 9));
   CHECK(bad == 0);
 }
 
-TEST_CASE("arrays that overlap share pages when both are page aligned, and are refused otherwise",
-          "[gpu][cache]") {
+TEST_CASE("arrays that overlap share pages when both are page aligned, and are refused otherwise", "[gpu][cache]") {
   bam::storage s("emu-gpu:hbm=16M,ssds=2,queues=8,depth=32");
   bam_test::fill_pattern(s);
   bam::page_cache cache({.page_size = 65536, .capacity = 4 << 20});

@@ -62,7 +62,8 @@ TEST_CASE("CPU engine for GPU clients: random reads and writes on a file", "[gpu
   std::fclose(f);
   std::remove(path.c_str());
   std::uint64_t bad = 0;
-  for (std::uint64_t i = 0; i < data.size(); ++i) bad += data[i] != static_cast<std::uint32_t>(i * 2654435761u);
+  for (std::uint64_t i = 0; i < data.size(); ++i)
+    bad += data[i] != static_cast<std::uint32_t>(i * 2654435761u);
   CHECK(bad == 0);
 }
 
@@ -83,7 +84,8 @@ TEST_CASE("bam::array::open reads a file: through its extents on the raw disk wh
     const std::string path = dir + "/bam-gpu-open-" + std::to_string(::getpid()) + ".bin";
     const std::size_t n = (3u << 20) / 4 + 1001; // not a multiple of any page size
     std::vector<std::uint32_t> data(n);
-    for (std::size_t i = 0; i < n; ++i) data[i] = static_cast<std::uint32_t>(i * 2654435761u);
+    for (std::size_t i = 0; i < n; ++i)
+      data[i] = static_cast<std::uint32_t>(i * 2654435761u);
     {
       std::FILE* f = std::fopen(path.c_str(), "wb");
       REQUIRE(f != nullptr);
@@ -106,7 +108,8 @@ TEST_CASE("bam::array::open reads a file: through its extents on the raw disk wh
       std::vector<std::uint32_t> got(n);
       bam::copy_to_host(got.data(), out.get(), n);
       std::size_t bad = 0;
-      for (std::size_t i = 0; i < n; ++i) bad += got[i] != data[i];
+      for (std::size_t i = 0; i < n; ++i)
+        bad += got[i] != data[i];
       CHECK(bad == 0);
       std::erase_if(warnings, [](const std::string& w) { return w.find("CUDA_MODULE_LOADING") != std::string::npos; });
       if (a.source().rfind("emu:file=", 0) == 0) {
@@ -133,7 +136,8 @@ TEST_CASE("CPU engine for GPU clients: kernels on streams of their own, among ma
     bam::array<std::uint32_t> a(cache, s, (16ull << 20) / 4);
     constexpr int n_streams = 72;
     std::vector<cudaStream_t> streams(n_streams);
-    for (auto& st : streams) REQUIRE(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess);
+    for (auto& st : streams)
+      REQUIRE(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess);
     bam::device_buffer<unsigned long long> bad(1);
     for (int k = 0; k < n_streams; k += 7) {
       read_check_kernel<<<64, 128, 0, streams[k]>>>(a.ref(), bam_test::layout{0, 4096, 512, 1}, 4, bad.get());
@@ -172,8 +176,10 @@ TEST_CASE("CPU engine for GPU clients: a kernel launched for the first time behi
   bam::set_warning_handler([&](const std::string& w) { warnings.push_back(w); });
   bam::storage s("emu:ram=16M,queues=8,depth=64,threads=2");
   bam::set_warning_handler({});
-  if (bam::emu::lazy_module_loading()) CHECK(warnings.size() <= 1); // said once a process
-  else CHECK(warnings.empty());
+  if (bam::emu::lazy_module_loading())
+    CHECK(warnings.size() <= 1); // said once a process
+  else
+    CHECK(warnings.empty());
   bam_test::fill_pattern(s);
   bam::page_cache cache({.page_size = 4096, .capacity = 2 << 20, .timeout_ns = 3'000'000'000});
   bam::array<std::uint32_t> a(cache, s, (16ull << 20) / 4);
@@ -205,7 +211,8 @@ TEST_CASE("CPU engine for GPU clients: lazy module loading is warned about", "[g
   bam::set_warning_handler({});
   // Once a process: none here if an earlier case of this process made a CPU engine.
   REQUIRE(warnings.size() <= 1);
-  for (const auto& w : warnings) CHECK(w.find("CUDA_MODULE_LOADING=EAGER") != std::string::npos);
+  for (const auto& w : warnings)
+    CHECK(w.find("CUDA_MODULE_LOADING=EAGER") != std::string::npos);
 }
 
 TEST_CASE("CPU engine for GPU clients: a read that timed out never lands in the pages of a page cache destroyed "
@@ -213,7 +220,7 @@ TEST_CASE("CPU engine for GPU clients: a read that timed out never lands in the 
           "[gpu][client]") {
   bam::storage s("emu:ram=8M,queues=2,depth=64,threads=1");
   bam_test::fill_pattern(s);
-  auto& faults = s.emu_controllers().at(0)->faults();
+  auto& faults = bam::emu::software_controller(s, 0).faults();
   constexpr std::size_t cache_bytes = 1 << 20;
   std::uintptr_t old_lo = 0;
   {
@@ -239,7 +246,7 @@ TEST_CASE("CPU engine for GPU clients: a read that timed out never lands in the 
     reused |= lo < old_lo + cache_bytes && old_lo < lo + cache_bytes;
   }
   INFO("GPU memory of the destroyed cache handed out again: " << reused);
-  CHECK_FALSE(reused); // kept until the storage is gone
+  CHECK_FALSE(reused);      // kept until the storage is gone
   faults.set_paused(false); // the reads queued before now run, late
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
@@ -247,7 +254,8 @@ TEST_CASE("CPU engine for GPU clients: a read that timed out never lands in the 
   std::vector<std::uint8_t> h(cache_bytes);
   for (const auto& f : fresh) {
     bam::copy_to_host(h.data(), f.get(), cache_bytes);
-    for (const std::uint8_t b : h) changed += b != 0xab;
+    for (const std::uint8_t b : h)
+      changed += b != 0xab;
   }
   CHECK(changed == 0);
 }

@@ -43,8 +43,7 @@ void make_guarded_file(const std::string& path) {
   for (std::uint64_t off = 0; off < bam_crash::file_bytes; off += buf.size() * 4) {
     for (std::size_t k = 0; k < buf.size(); ++k)
       buf[k] = bam_crash::guard_word(off / 4 + k);
-    REQUIRE(::pwrite(fd, buf.data(), buf.size() * 4, static_cast<off_t>(off)) ==
-            static_cast<ssize_t>(buf.size() * 4));
+    REQUIRE(::pwrite(fd, buf.data(), buf.size() * 4, static_cast<off_t>(off)) == static_cast<ssize_t>(buf.size() * 4));
   }
   REQUIRE(::fsync(fd) == 0);
   ::close(fd);
@@ -56,8 +55,8 @@ std::vector<std::uint32_t> read_file_words(const std::string& path) {
   REQUIRE(fd >= 0);
   std::size_t done = 0;
   while (done < w.size() * 4) {
-    const ssize_t r = ::pread(fd, reinterpret_cast<char*>(w.data()) + done, w.size() * 4 - done,
-                              static_cast<off_t>(done));
+    const ssize_t r =
+        ::pread(fd, reinterpret_cast<char*>(w.data()) + done, w.size() * 4 - done, static_cast<off_t>(done));
     REQUIRE(r > 0);
     done += static_cast<std::size_t>(r);
   }
@@ -79,11 +78,10 @@ std::string describe_exit(int st) {
   return "status " + std::to_string(st);
 }
 
-__global__ void compare_kernel(bam::array_ref<std::uint32_t> a, const std::uint32_t* want,
-                               bam_test::counters* c) {
+__global__ void compare_kernel(bam::array_ref<std::uint32_t> a, const std::uint32_t* want, bam_test::counters* c) {
   unsigned long long bad = 0, done = 0;
-  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
-       i < a.size(); i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
+  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < a.size();
+       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
     if (a[i] != want[i]) {
       if (bad == 0) atomicMin(&c->first_bad_index, static_cast<unsigned long long>(i));
       ++bad;
@@ -95,8 +93,8 @@ __global__ void compare_kernel(bam::array_ref<std::uint32_t> a, const std::uint3
 }
 
 __global__ void write_kernel(bam::array_ref<std::uint32_t> a, std::uint32_t salt) {
-  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
-       i < a.size(); i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
+  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < a.size();
+       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
     a.write(i, bam_crash::mix(i ^ (std::uint64_t{salt} << 32)));
 }
 
@@ -105,9 +103,8 @@ __global__ void write_kernel(bam::array_ref<std::uint32_t> a, std::uint32_t salt
 TEST_CASE("a process killed with writes in flight: the next one brings the storage up and reads "
           "what was flushed",
           "[gpu][crash]") {
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("bam-crash-" + std::to_string(::getpid()) + ".img"))
-                               .string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("bam-crash-" + std::to_string(::getpid()) + ".img")).string();
   make_guarded_file(path);
   struct remove_file {
     std::string p;
@@ -122,8 +119,7 @@ TEST_CASE("a process killed with writes in flight: the next one brings the stora
   ::close(fds[1]);
   const std::string fd_arg = std::to_string(child_fd);
   std::string exe = BAM_TEST_CRASH_WRITER;
-  std::vector<char*> argv{exe.data(), const_cast<char*>(path.c_str()),
-                          const_cast<char*>(fd_arg.c_str()), nullptr};
+  std::vector<char*> argv{exe.data(), const_cast<char*>(path.c_str()), const_cast<char*>(fd_arg.c_str()), nullptr};
   pid_t pid = 0;
   REQUIRE(::posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv.data(), environ) == 0);
   ::close(child_fd);
@@ -183,8 +179,7 @@ TEST_CASE("a process killed with writes in flight: the next one brings the stora
   }
   std::printf("crash: writer killed with writes in flight; %llu of %llu rewritten elements had "
               "reached the file\n",
-              static_cast<unsigned long long>(unflushed_seen),
-              static_cast<unsigned long long>(bam_crash::rewritten));
+              static_cast<unsigned long long>(unflushed_seen), static_cast<unsigned long long>(bam_crash::rewritten));
   CHECK(bad_guard == 0);
   CHECK(bad_flushed == 0);
   CHECK(bad_rewritten == 0);

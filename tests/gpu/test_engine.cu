@@ -50,7 +50,8 @@ __global__ void trivial_kernel(int* p) { *p = 42; }
 __global__ void xor_kernel(bam::array_ref<std::uint32_t> r, std::uint32_t* o) {
   std::uint32_t acc = 0;
   const std::uint64_t t = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
-  for (std::uint64_t i = t * 97; i < r.size(); i += 4099ull * gridDim.x * blockDim.x) acc ^= r[i];
+  for (std::uint64_t i = t * 97; i < r.size(); i += 4099ull * gridDim.x * blockDim.x)
+    acc ^= r[i];
   o[t] = acc;
 }
 
@@ -74,8 +75,7 @@ direct_run run_direct_reads(const bam::storage& s, int nblk, int nthr, std::uint
   auto mapping = s.map(mem.data(), mem.size());
   device_counters c;
   const auto t0 = std::chrono::steady_clock::now();
-  direct_read_kernel<<<nblk, nthr>>>(s.ref(0), mapping->bus_table(0), mem.data(), blocks, iters, 0, misalign,
-                                     c.ptr());
+  direct_read_kernel<<<nblk, nthr>>>(s.ref(0), mapping->bus_table(0), mem.data(), blocks, iters, 0, misalign, c.ptr());
   BAM_TEST_SYNC();
   return {std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), c.get()};
 }
@@ -92,7 +92,8 @@ TEST_CASE("GPU threads drive small queues hard: PRP lists, wrap-around, cid reus
   CHECK(r.c.bad == 0);
   CHECK(r.c.done == static_cast<unsigned long long>(nblk) * nthr * 4);
   std::uint64_t served = 0;
-  for (std::uint16_t q = 1; q <= 4; ++q) served += s.gpu_engines()[0]->served(q);
+  for (std::uint16_t q = 1; q <= 4; ++q)
+    served += bam::emu::gpu_engine_of(s, 0)->served(q);
   CHECK(served == static_cast<std::uint64_t>(nblk) * nthr * 4);
 }
 
@@ -104,8 +105,8 @@ TEST_CASE("a request PRPs cannot describe is refused before it becomes a command
   CHECK(r.c.errors == 32);
   CHECK(r.c.done == 0);
   // Nothing reached the controller (no command with PRP1 = 0, no DMA to bus address 0).
-  CHECK(s.gpu_engines()[0]->served(1) + s.gpu_engines()[0]->served(2) == 0);
-  CHECK(s.emu_controllers()[0]->counters().host_reads == 0);
+  CHECK(bam::emu::gpu_engine_of(s, 0)->served(1) + bam::emu::gpu_engine_of(s, 0)->served(2) == 0);
+  CHECK(bam::emu::software_controller(s, 0).counters().host_reads == 0);
 }
 
 TEST_CASE("the SSD model holds commands to its IOPS limit and its latency", "[gpu][engine]") {
@@ -181,7 +182,7 @@ struct engine_rig {
     cc.dstrd = dstrd;
     cc.max_io_queues = 8;
     cc.name = "emu-gpu-dstrd" + std::to_string(dstrd);
-    emu = bam::emu::make_controller(cc);
+    emu = bam::emu::make_emulated_controller(cc);
   }
 };
 
@@ -209,7 +210,7 @@ TEST_CASE("the GPU engine refuses a second SQ on one CQ instead of misreporting 
   o.queue_depth = 16;
   bam::controller ctrl(rig.emu, bam::detail::gpu_queue_options(o));
   ctrl.admin(bam::nvme::make_set_num_queues(2, 2));
-  auto sq = bam::detail::device_region::make(ctrl.transport_ref(), 16 * sizeof(bam::nvme::command));
+  auto sq = bam::detail::device_region::make(ctrl.transport(), 16 * sizeof(bam::nvme::command));
   try {
     ctrl.admin(bam::nvme::make_create_io_sq(2, 16, sq->bus_address(0), /*cqid=*/1)); // CQ 1 has SQ 1 already
     FAIL("a second SQ on CQ 1 was accepted");
@@ -278,7 +279,7 @@ TEST_CASE("GPU memory is mapped in 64 KiB units and unmapped before it is freed"
     o.io_queues = 4;
     o.queue_depth = 32;
     auto ctrl = std::make_shared<bam::controller>(t, bam::detail::gpu_queue_options(o)); // rings: 64 KiB units
-    bam::storage s(std::vector<std::shared_ptr<bam::controller>>{ctrl});                  // PRP lists too
+    bam::storage s(std::vector<std::shared_ptr<bam::controller>>{ctrl});                 // PRP lists too
     bam_test::fill_pattern(*rig.emu);
     bam::page_cache cache({.page_size = 4096, .capacity = (1 << 20) + 4096}); // not a 64 KiB multiple
     {
@@ -291,7 +292,8 @@ TEST_CASE("GPU memory is mapped in 64 KiB units and unmapped before it is freed"
     std::vector<std::uint32_t> media((16 << 20) / 4);
     REQUIRE(rig.emu->namespace_media(1).read(0, media.data(), media.size() * 4) == 0);
     std::uint64_t bad = 0;
-    for (std::uint64_t i = 0; i < media.size(); ++i) bad += media[i] != static_cast<std::uint32_t>(i * 2654435761u);
+    for (std::uint64_t i = 0; i < media.size(); ++i)
+      bad += media[i] != static_cast<std::uint32_t>(i * 2654435761u);
     CHECK(bad == 0);
   } // cache, storage, controller, engine: every mapping undone here
   CHECK(regions_unmapped > 0);
@@ -307,6 +309,7 @@ TEST_CASE("flush reaches every controller, also past the 32nd", "[gpu][engine]")
   REQUIRE_NOTHROW(a.check());
   REQUIRE_NOTHROW(cache.flush());
   std::uint32_t flushed = 0;
-  for (const auto& e : s.emu_controllers()) flushed += e->counters().flushes > 0;
+  for (std::uint32_t c = 0; c < s.controller_count(); ++c)
+    flushed += bam::emu::software_controller(s, c).counters().flushes > 0;
   CHECK(flushed == 40);
 }

@@ -46,8 +46,7 @@ using elem = std::uint64_t;
 // ---- values, versions and the shadow ----------------------------------------
 
 __host__ __device__ std::uint32_t elem_hash(std::uint64_t i, std::uint32_t version) {
-  return static_cast<std::uint32_t>(
-      bam_test::rnd(i * 0x100000001b3ull ^ (std::uint64_t{version} << 40)));
+  return static_cast<std::uint32_t>(bam_test::rnd(i * 0x100000001b3ull ^ (std::uint64_t{version} << 40)));
 }
 //! What element i holds after the write of round `version` (never 0: versions start at 1).
 __host__ __device__ elem value_of(std::uint64_t i, std::uint32_t version) {
@@ -61,9 +60,7 @@ __host__ __device__ bool is_value_of(elem x, std::uint64_t i) {
 }
 
 //! Per element: versions [lo, hi] it may hold, packed as lo | hi << 16.
-__host__ __device__ std::uint32_t shadow_of(std::uint32_t lo, std::uint32_t hi) {
-  return lo | (hi << 16);
-}
+__host__ __device__ std::uint32_t shadow_of(std::uint32_t lo, std::uint32_t hi) { return lo | (hi << 16); }
 __host__ __device__ std::uint32_t shadow_lo(std::uint32_t s) { return s & 0xffffu; }
 __host__ __device__ std::uint32_t shadow_hi(std::uint32_t s) { return s >> 16; }
 constexpr std::uint32_t max_rounds = 0xfff0; // versions fit the shadow's 16 bits
@@ -104,24 +101,21 @@ struct round_plan {
 };
 
 struct storm_counters {
-  unsigned long long reads;         //!< element reads (read-backs included)
-  unsigned long long writes;        //!< element writes
-  unsigned long long copied_pages;  //!< pages of range copies
-  unsigned long long read_failures; //!< element reads that failed, one per group of lanes on a page
-  unsigned long long copy_failures; //!< pages of range copies that failed
-  unsigned long long
-      lost_writes; //!< groups whose write failed (the read-back shows the earlier value)
-  unsigned long long
-      unknown_writes;     //!< groups whose read-back failed (the write may have failed too)
-  unsigned long long bad; //!< values no write produced, or older than allowed
+  unsigned long long reads;          //!< element reads (read-backs included)
+  unsigned long long writes;         //!< element writes
+  unsigned long long copied_pages;   //!< pages of range copies
+  unsigned long long read_failures;  //!< element reads that failed, one per group of lanes on a page
+  unsigned long long copy_failures;  //!< pages of range copies that failed
+  unsigned long long lost_writes;    //!< groups whose write failed (the read-back shows the earlier value)
+  unsigned long long unknown_writes; //!< groups whose read-back failed (the write may have failed too)
+  unsigned long long bad;            //!< values no write produced, or older than allowed
   unsigned long long first_bad_index;
   unsigned long long first_bad_value;
   unsigned long long first_bad_shadow;
 };
 
 __device__ bool reader_warp(const round_plan& p, std::uint64_t warp) {
-  return p.version == 0 ||
-         bam_test::rnd(p.seed ^ (warp * 0x2545f4914f6cdd1dull)) % p.reader_one_in == 0;
+  return p.version == 0 || bam_test::rnd(p.seed ^ (warp * 0x2545f4914f6cdd1dull)) % p.reader_one_in == 0;
 }
 
 //! Element i is written in this round (by a writer warp).
@@ -132,18 +126,16 @@ __device__ bool written_now(const round_plan& p, std::uint64_t i, std::uint64_t 
   return !reader_warp(p, d / p.per_thread / 32);
 }
 
-__device__ void note_bad(storm_counters* c, unsigned long long& bad, std::uint64_t i, elem x,
-                         std::uint32_t s) {
-  if (bad++ == 0 &&
-      atomicCAS(&c->first_bad_index, ~0ull, static_cast<unsigned long long>(i)) == ~0ull) {
+__device__ void note_bad(storm_counters* c, unsigned long long& bad, std::uint64_t i, elem x, std::uint32_t s) {
+  if (bad++ == 0 && atomicCAS(&c->first_bad_index, ~0ull, static_cast<unsigned long long>(i)) == ~0ull) {
     c->first_bad_value = x;
     c->first_bad_shadow = s;
   }
 }
 
 //! A value read from element i is one it may hold now.
-__device__ bool allowed(const round_plan& p, const std::uint32_t* shadow, std::uint64_t i, elem x,
-                        std::uint64_t n, std::uint32_t& s) {
+__device__ bool allowed(const round_plan& p, const std::uint32_t* shadow, std::uint64_t i, elem x, std::uint64_t n,
+                        std::uint32_t& s) {
   s = shadow[i];
   if (!is_value_of(x, i)) return false;
   const std::uint32_t v = version_of(x);
@@ -154,16 +146,15 @@ __device__ bool allowed(const round_plan& p, const std::uint32_t* shadow, std::u
 // Every lane of every warp runs the same number of accesses, the warp
 // converged at each (__syncwarp): the lanes on one page form the same groups
 // here as in the runtime, which groups the lanes active at the call.
-__global__ void storm_round_kernel(bam::array_ref<elem> a, round_plan p,
-                                   const std::uint32_t* shadow, std::uint32_t* next_shadow,
-                                   elem* scratch, storm_counters* c) {
+__global__ void storm_round_kernel(bam::array_ref<elem> a, round_plan p, const std::uint32_t* shadow,
+                                   std::uint32_t* next_shadow, elem* scratch, storm_counters* c) {
   constexpr unsigned full = 0xffffffffu;
   const std::uint64_t t = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
   const std::uint64_t warp = t / 32;
   const unsigned lane = threadIdx.x % 32;
   const std::uint64_t n = a.size();
-  unsigned long long reads = 0, writes = 0, pages = 0, read_failures = 0, copy_failures = 0,
-                     lost = 0, unknown = 0, bad = 0;
+  unsigned long long reads = 0, writes = 0, pages = 0, read_failures = 0, copy_failures = 0, lost = 0, unknown = 0,
+                     bad = 0;
   if (!reader_warp(p, warp)) {
     for (std::uint32_t k = 0; k < p.per_thread; ++k) {
       const std::uint64_t i = scatter(p.write_base + t * p.per_thread + k, n);
@@ -182,8 +173,7 @@ __global__ void storm_round_kernel(bam::array_ref<elem> a, round_plan p,
         next_shadow[i] = shadow_of(shadow_lo(s), p.version);
       } else if (is_value_of(x, i) && version_of(x) == p.version) {
         next_shadow[i] = shadow_of(p.version, p.version);
-      } else if (is_value_of(x, i) && version_of(x) >= shadow_lo(s) &&
-                 version_of(x) <= shadow_hi(s)) {
+      } else if (is_value_of(x, i) && version_of(x) >= shadow_lo(s) && version_of(x) <= shadow_hi(s)) {
         lost_here = true; // the write failed; the element kept an earlier value
         next_shadow[i] = shadow_of(version_of(x), version_of(x));
       } else {
@@ -191,8 +181,7 @@ __global__ void storm_round_kernel(bam::array_ref<elem> a, round_plan p,
       }
       // A group shares one cache reference: its lanes fail or succeed together.
       const bool failed_here = x == 0;
-      if (__shfl_sync(full, failed_here, leader) != failed_here ||
-          __shfl_sync(full, lost_here, leader) != lost_here)
+      if (__shfl_sync(full, failed_here, leader) != failed_here || __shfl_sync(full, lost_here, leader) != lost_here)
         note_bad(c, bad, i, x, s);
       if (lane == leader) {
         read_failures += failed_here;
@@ -221,11 +210,9 @@ __global__ void storm_round_kernel(bam::array_ref<elem> a, round_plan p,
       a.copy_to(begin, p.copy_len, out);
       __syncwarp();
       const std::uint64_t per_page = 1ull << p.elem_shift;
-      for (std::uint64_t pg = begin >> p.elem_shift; pg <= (begin + p.copy_len - 1) >> p.elem_shift;
-           ++pg) {
+      for (std::uint64_t pg = begin >> p.elem_shift; pg <= (begin + p.copy_len - 1) >> p.elem_shift; ++pg) {
         const std::uint64_t lo = pg * per_page > begin ? pg * per_page : begin;
-        const std::uint64_t hi =
-            (pg + 1) * per_page < begin + p.copy_len ? (pg + 1) * per_page : begin + p.copy_len;
+        const std::uint64_t hi = (pg + 1) * per_page < begin + p.copy_len ? (pg + 1) * per_page : begin + p.copy_len;
         unsigned zeros = 0;
         for (std::uint64_t i = lo + lane; i < hi; i += 32) {
           const elem x = out[i - begin];
@@ -257,16 +244,16 @@ __global__ void storm_round_kernel(bam::array_ref<elem> a, round_plan p,
 }
 
 __global__ void write_all_kernel(bam::array_ref<elem> a, std::uint32_t version) {
-  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
-       i < a.size(); i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
+  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < a.size();
+       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
     a.write(i, value_of(i, version));
 }
 
 //! Every element through the cache equals `want[i]`.
 __global__ void compare_all_kernel(bam::array_ref<elem> a, const elem* want, storm_counters* c) {
   unsigned long long bad = 0, reads = 0;
-  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
-       i < a.size(); i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
+  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < a.size();
+       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
     const elem x = a[i];
     ++reads;
     if (x != want[i]) note_bad(c, bad, i, x, 0);
@@ -376,8 +363,7 @@ void require_finishes(cudaStream_t stream, double seconds, const std::string& wh
     if (e == cudaSuccess) return;
     if (e != cudaErrorNotReady) BAM_CUDA_TRY(e);
     if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > seconds) {
-      std::fprintf(stderr, "FAILED: %s did not finish within %.0f s: the GPU runtime hangs\n",
-                   what.c_str(), seconds);
+      std::fprintf(stderr, "FAILED: %s did not finish within %.0f s: the GPU runtime hangs\n", what.c_str(), seconds);
       if (storm_cache != nullptr) dump_cache_state(*storm_cache);
       std::fflush(stderr);
       std::abort();
@@ -442,7 +428,7 @@ std::vector<elem> read_array_from_media(const bam::storage& s, std::uint64_t n, 
   std::vector<elem> out(n);
   std::vector<elem> buf((pages + nctrl - 1) / nctrl * per_page);
   for (std::uint32_t c = 0; c < nctrl; ++c) {
-    s.read_media(c, 0, buf.data(), buf.size() * sizeof(elem));
+    bam::emu::read_media(s, c, 0, buf.data(), buf.size() * sizeof(elem));
     for (std::uint64_t p = c; p < pages; p += nctrl)
       std::memcpy(&out[p * per_page], &buf[(p / nctrl) * per_page], page);
   }
@@ -456,7 +442,7 @@ void write_array_to_media(const bam::storage& s, const std::vector<elem>& v, std
   for (std::uint32_t c = 0; c < nctrl; ++c) {
     for (std::uint64_t p = c; p < pages; p += nctrl)
       std::memcpy(&buf[(p / nctrl) * per_page], &v[p * per_page], page);
-    s.write_media(c, 0, buf.data(), buf.size() * sizeof(elem));
+    bam::emu::write_media(s, c, 0, buf.data(), buf.size() * sizeof(elem));
   }
 }
 
@@ -481,17 +467,16 @@ bool injected(bam::nvme::status st) {
   return false;
 }
 bool deadline_status(bam::nvme::status st) {
-  return st == bam::nvme::status_timeout || st == bam::nvme::status_queue_broken ||
-         st == bam::nvme::status_queue_full;
+  return st == bam::nvme::status_timeout || st == bam::nvme::status_queue_broken || st == bam::nvme::status_queue_full;
 }
 
 //! What the storm may do.
 struct storm_profile {
-  std::uint64_t timeout_ns = 0;   //!< the deadline of the storage and the cache
-  std::uint64_t max_delay_ns = 0; //!< delayed completions: up to this late
-  std::uint64_t max_spike_ns = 0; //!< latency added to every completion for a while (0: none)
-  std::uint64_t max_pause_ns = 0; //!< the controller stops answering for up to this long (0: never)
-  bool drops = false;             //!< commands fetched and never completed
+  std::uint64_t timeout_ns = 0;      //!< the deadline of the storage and the cache
+  std::uint64_t max_delay_ns = 0;    //!< delayed completions: up to this late
+  std::uint64_t max_spike_ns = 0;    //!< latency added to every completion for a while (0: none)
+  std::uint64_t max_pause_ns = 0;    //!< the controller stops answering for up to this long (0: never)
+  bool drops = false;                //!< commands fetched and never completed
   std::uint64_t max_slow_count = 40; //!< a delay or drop rule acts at most this often
   //! Shares (percent) of the changes: error rules, delay/drop rules, latency
   //! spikes, pauses; the rest retires rules that have fired their count.
@@ -504,8 +489,8 @@ class fault_storm {
 public:
   fault_storm(const bam::storage& s, storm_profile p, std::uint64_t seed, std::uint64_t lba_span)
       : s_(s), p_(p), rng_(seed), lba_span_(lba_span) {
-    for (const auto& c : s_.emu_controllers())
-      ctrls_.push_back(c.get());
+    for (std::uint32_t c = 0; c < s_.controller_count(); ++c)
+      ctrls_.push_back(&bam::emu::software_controller(s_, c));
   }
   ~fault_storm() { stop(); }
 
@@ -541,8 +526,8 @@ public:
     std::string out = std::to_string(rules_added_) + " rules; fired:";
     for (int k = 0; k < static_cast<int>(fault_kind::kinds); ++k)
       out += std::string(k ? "," : "") + " " + kind_names[k] + " " + std::to_string(fired_[k]);
-    out += "; " + std::to_string(spikes_) + " latency spikes, " + std::to_string(pauses_) +
-           " pauses (" + std::to_string(paused_ns_ / 1'000'000) + " ms)";
+    out += "; " + std::to_string(spikes_) + " latency spikes, " + std::to_string(pauses_) + " pauses (" +
+           std::to_string(paused_ns_ / 1'000'000) + " ms)";
     return out;
   }
 
@@ -686,8 +671,7 @@ struct storm_config {
   std::uint32_t copy_len = 1200;
   double seconds = 20;
   storm_profile profile;
-  bool past_deadline =
-      false; //!< faults outlast the deadline: queues break, recovery is not promised
+  bool past_deadline = false; //!< faults outlast the deadline: queues break, recovery is not promised
 };
 
 double seconds_from_env(double fallback) {
@@ -743,8 +727,7 @@ void run_storm(const storm_config& k) {
   write_array_to_media(s, initial, k.page);
 
   stream_owner stream;
-  bam::page_cache cache(
-      {.page_size = k.page, .capacity = k.cache_bytes, .timeout_ns = k.profile.timeout_ns});
+  bam::page_cache cache({.page_size = k.page, .capacity = k.cache_bytes, .timeout_ns = k.profile.timeout_ns});
   bam::array<elem> a(cache, s, k.n, 0, stream);
   REQUIRE(k.cache_bytes < k.n * sizeof(elem)); // evictions and write-backs all along
   bam::device_buffer<std::uint32_t> shadow(k.n), next_shadow(k.n);
@@ -780,9 +763,7 @@ void run_storm(const storm_config& k) {
   std::uint32_t version = 1;
   std::mt19937_64 rng(seed ^ 0x5eed);
   const auto t0 = std::chrono::steady_clock::now();
-  auto elapsed = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
 
   storm.start();
   while ((elapsed() < k.seconds || rounds < 2) && version < max_rounds) {
@@ -797,17 +778,14 @@ void run_storm(const storm_config& k) {
     if (writing) p.version = ++version;
     dc.reset();
     run_bounded(stream, kernel_bound_s, "storm round " + std::to_string(rounds), [&] {
-      storm_round_kernel<<<k.blocks, k.threads_per_block, 0, stream>>>(
-          a.ref(), p, shadow.get(), next_shadow.get(), scratch.get(), dc.buf.get());
+      storm_round_kernel<<<k.blocks, k.threads_per_block, 0, stream>>>(a.ref(), p, shadow.get(), next_shadow.get(),
+                                                                       scratch.get(), dc.buf.get());
     });
     const storm_counters c = dc.get();
-    INFO("round " << rounds
-                  << (writing ? " (writing version " + std::to_string(p.version) + ")"
-                              : " (reading)"));
+    INFO("round " << rounds << (writing ? " (writing version " + std::to_string(p.version) + ")" : " (reading)"));
     INFO("first bad index " << c.first_bad_index << ": value " << c.first_bad_value << " (version "
-                            << (c.first_bad_value >> 32) << "), allowed versions "
-                            << shadow_lo(c.first_bad_shadow) << ".."
-                            << shadow_hi(c.first_bad_shadow));
+                            << (c.first_bad_value >> 32) << "), allowed versions " << shadow_lo(c.first_bad_shadow)
+                            << ".." << shadow_hi(c.first_bad_shadow));
     REQUIRE(c.bad == 0);
     CHECK(c.reads == threads * k.per_thread);
     if (writing) {
@@ -821,9 +799,9 @@ void run_storm(const storm_config& k) {
     // What the kernel saw against what check() reports.
     const unsigned long long seen = c.read_failures + c.copy_failures + c.lost_writes;
     const unsigned long long reported = drain_check(a, stream, rep);
-    INFO("failures seen by the kernel: "
-         << c.read_failures << " reads, " << c.copy_failures << " copied pages, " << c.lost_writes
-         << " writes; read-backs that failed " << c.unknown_writes << "; reported " << reported);
+    INFO("failures seen by the kernel: " << c.read_failures << " reads, " << c.copy_failures << " copied pages, "
+                                         << c.lost_writes << " writes; read-backs that failed " << c.unknown_writes
+                                         << "; reported " << reported);
     // Each failure the kernel saw is one record (one per group of lanes on a
     // page); a write whose read-back failed as well may be one more. In a
     // round that only reads, the two are equal.
@@ -861,8 +839,7 @@ void run_storm(const storm_config& k) {
         else
           FAIL("flush() threw something else: " << w);
       }
-      CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - f0).count() <
-            kernel_bound_s);
+      CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - f0).count() < kernel_bound_s);
     }
 
     // No command is in flight now: the rules' counts are exact.
@@ -895,8 +872,7 @@ void run_storm(const storm_config& k) {
   // whose every page failed to be written back (Write Fault), and past the
   // deadline the runtime's own timeouts.
   for (const auto st : rep.statuses) {
-    INFO("reported status " << bam::nvme::status_name(st) << " (0x" << std::hex << st.code()
-                            << ")");
+    INFO("reported status " << bam::nvme::status_name(st) << " (0x" << std::hex << st.code() << ")");
     if (k.past_deadline)
       CHECK((injected(st) || deadline_status(st)));
     else
@@ -916,13 +892,11 @@ void run_storm(const storm_config& k) {
               "of %llu threw "
               "(%llu NVMe Flush failures)\n"
               "  storm: %s\n",
-              k.device.c_str(), static_cast<unsigned long long>(seed),
-              static_cast<unsigned long long>(rounds),
-              static_cast<unsigned long long>(write_rounds), storm_s, total.reads, total.writes,
-              total.copied_pages, total.read_failures, total.copy_failures, total.lost_writes,
-              total.unknown_writes, rep.access, rep.writeback,
-              static_cast<unsigned long long>(failed_flushes),
-              static_cast<unsigned long long>(flushes), rep.flush, storm.summary().c_str());
+              k.device.c_str(), static_cast<unsigned long long>(seed), static_cast<unsigned long long>(rounds),
+              static_cast<unsigned long long>(write_rounds), storm_s, total.reads, total.writes, total.copied_pages,
+              total.read_failures, total.copy_failures, total.lost_writes, total.unknown_writes, rep.access,
+              rep.writeback, static_cast<unsigned long long>(failed_flushes), static_cast<unsigned long long>(flushes),
+              rep.flush, storm.summary().c_str());
   std::fflush(stdout);
 
   if (k.past_deadline) {
@@ -937,8 +911,7 @@ void run_storm(const storm_config& k) {
       INFO(e.what());
       CHECK(recorded_count(e.what()) > 0);
     }
-    CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - f0).count() <
-          kernel_bound_s);
+    CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - f0).count() < kernel_bound_s);
     const std::vector<elem> media = read_array_from_media(s, k.n, k.page);
     std::uint64_t bad = 0;
     for (std::uint64_t i = 0; i < k.n; ++i)
@@ -952,8 +925,8 @@ void run_storm(const storm_config& k) {
     p.seed = rng();
     p.copy_len = k.copy_len;
     run_bounded(stream, kernel_bound_s, "read round after the storm", [&] {
-      storm_round_kernel<<<k.blocks, k.threads_per_block, 0, stream>>>(
-          a.ref(), p, shadow.get(), next_shadow.get(), scratch.get(), dc.buf.get());
+      storm_round_kernel<<<k.blocks, k.threads_per_block, 0, stream>>>(a.ref(), p, shadow.get(), next_shadow.get(),
+                                                                       scratch.get(), dc.buf.get());
     });
     const storm_counters c = dc.get();
     CHECK(c.bad == 0);
@@ -982,8 +955,7 @@ void run_storm(const storm_config& k) {
   bam::copy_to_device(want.get(), media.data(), k.n);
   dc.reset();
   run_bounded(stream, kernel_bound_s, "read-back of every element after the storm", [&] {
-    compare_all_kernel<<<k.blocks, k.threads_per_block, 0, stream>>>(a.ref(), want.get(),
-                                                                     dc.buf.get());
+    compare_all_kernel<<<k.blocks, k.threads_per_block, 0, stream>>>(a.ref(), want.get(), dc.buf.get());
   });
   REQUIRE_NOTHROW(a.check(stream));
   CHECK(dc.get().reads == k.n);
@@ -992,9 +964,8 @@ void run_storm(const storm_config& k) {
   // A full round: every element written, flushed, read back through the
   // cache and from the media.
   const std::uint32_t last = ++version;
-  run_bounded(stream, kernel_bound_s, "writing every element after the storm", [&] {
-    write_all_kernel<<<k.blocks, k.threads_per_block, 0, stream>>>(a.ref(), last);
-  });
+  run_bounded(stream, kernel_bound_s, "writing every element after the storm",
+              [&] { write_all_kernel<<<k.blocks, k.threads_per_block, 0, stream>>>(a.ref(), last); });
   REQUIRE_NOTHROW(a.check(stream));
   REQUIRE_NOTHROW(cache.flush(stream));
   for (std::uint64_t i = 0; i < k.n; ++i)
@@ -1002,8 +973,7 @@ void run_storm(const storm_config& k) {
   bam::copy_to_device(want.get(), media.data(), k.n);
   dc.reset();
   run_bounded(stream, kernel_bound_s, "reading every element after the storm", [&] {
-    compare_all_kernel<<<k.blocks, k.threads_per_block, 0, stream>>>(a.ref(), want.get(),
-                                                                     dc.buf.get());
+    compare_all_kernel<<<k.blocks, k.threads_per_block, 0, stream>>>(a.ref(), want.get(), dc.buf.get());
   });
   REQUIRE_NOTHROW(a.check(stream));
   CHECK(dc.get().reads == k.n);
@@ -1047,9 +1017,8 @@ storm_config cpu_engine_storm(double seconds) {
 
 } // namespace
 
-TEST_CASE(
-    "fault storm over the GPU engine: every failure reported, every read right, the cache recovers",
-    "[gpu][storm]") {
+TEST_CASE("fault storm over the GPU engine: every failure reported, every read right, the cache recovers",
+          "[gpu][storm]") {
   run_storm(gpu_engine_storm(seconds_from_env(20)));
 }
 
@@ -1095,8 +1064,7 @@ TEST_CASE("fault storm past the deadline: dropped commands, late completions, a 
   bam::page_cache cache({.page_size = 4096, .capacity = 1 << 20});
   bam::array<elem> a(cache, s, (4ull << 20) / sizeof(elem));
   stream_owner stream;
-  run_bounded(stream, 60, "writing after the storm",
-              [&] { write_all_kernel<<<64, 128, 0, stream>>>(a.ref(), 7); });
+  run_bounded(stream, 60, "writing after the storm", [&] { write_all_kernel<<<64, 128, 0, stream>>>(a.ref(), 7); });
   REQUIRE_NOTHROW(a.check(stream));
   REQUIRE_NOTHROW(cache.flush(stream));
   std::vector<elem> want(a.size());

@@ -27,7 +27,9 @@ using Catch::Matchers::ContainsSubstring;
 namespace {
 
 //! Thread t's element: a bijection of the thread index onto [0, n) (n a power of two).
-__host__ __device__ std::uint64_t scatter(std::uint64_t t, std::uint64_t n) { return (t * 0x9e3779b1ull + 12345) & (n - 1); }
+__host__ __device__ std::uint64_t scatter(std::uint64_t t, std::uint64_t n) {
+  return (t * 0x9e3779b1ull + 12345) & (n - 1);
+}
 __host__ __device__ std::uint32_t value_of(std::uint64_t i, std::uint32_t salt) {
   return static_cast<std::uint32_t>(bam_test::rnd(i ^ (std::uint64_t{salt} << 40)));
 }
@@ -73,10 +75,10 @@ __global__ void readback_kernel(bam::array_ref<std::uint32_t> a, std::uint64_t t
 }
 
 struct combination {
-  std::string device;      //!< device string (a file path is filled in)
-  std::size_t page;        //!< page size
-  std::size_t cache;       //!< cache bytes
-  std::uint64_t array;     //!< array bytes (a power of two)
+  std::string device;  //!< device string (a file path is filled in)
+  std::size_t page;    //!< page size
+  std::size_t cache;   //!< cache bytes
+  std::uint64_t array; //!< array bytes (a power of two)
   op o;
   std::uint64_t threads;
   int per_thread;
@@ -159,8 +161,7 @@ TEST_CASE("fewer cache slots than warps waiting for one: slower, never a timeout
   CHECK(run({"emu-gpu:hbm=256M,queues=128,depth=256", 8192, 16ull << 20, 256ull << 20, op::write, many, 1}) == "");
 }
 
-TEST_CASE("settings the runtime cannot serve are refused before a kernel runs, naming the limit",
-          "[gpu][overload]") {
+TEST_CASE("settings the runtime cannot serve are refused before a kernel runs, naming the limit", "[gpu][overload]") {
   // Pages smaller than the LBA size.
   CHECK_THAT(run({"emu-gpu:hbm=16M,lba=4096,queues=8,depth=32", 512, 1 << 20, 8ull << 20, op::read, 1024, 1}),
              ContainsSubstring("not a multiple of the LBA size"));
@@ -180,8 +181,8 @@ TEST_CASE("settings the runtime cannot serve are refused before a kernel runs, n
 namespace {
 
 const char* transports[] = {
-    "emu-gpu:hbm=64M,queues=64,depth=128",          "emu-gpu:ram=64M,queues=64,depth=128",
-    "emu-gpu:null=64M,queues=64,depth=128",         "emu:file=FILE,size=64M,queues=32,depth=64,threads=4",
+    "emu-gpu:hbm=64M,queues=64,depth=128",      "emu-gpu:ram=64M,queues=64,depth=128",
+    "emu-gpu:null=64M,queues=64,depth=128",     "emu:file=FILE,size=64M,queues=32,depth=64,threads=4",
     "emu:ram=64M,queues=32,depth=64,threads=4",
 };
 

@@ -33,7 +33,8 @@ void fill_pattern_with(Write&& write, std::uint32_t c, std::uint32_t lba, std::u
   for (std::uint64_t b0 = 0; b0 < blocks; b0 += chunk_blocks) {
     const std::uint64_t nb = std::min(chunk_blocks, blocks - b0);
     for (std::uint64_t b = 0; b < nb; ++b)
-      for (std::uint32_t w = 0; w < lba / 4; ++w) buf[b * (lba / 4) + w] = pattern(c, b0 + b, w);
+      for (std::uint32_t w = 0; w < lba / 4; ++w)
+        buf[b * (lba / 4) + w] = pattern(c, b0 + b, w);
     write(b0 * lba, buf.data(), nb * lba);
   }
 }
@@ -41,8 +42,8 @@ void fill_pattern_with(Write&& write, std::uint32_t c, std::uint32_t lba, std::u
 //! Fill every controller's namespace with the pattern.
 inline void fill_pattern(const bam::storage& s) {
   for (std::uint32_t c = 0; c < s.controller_count(); ++c)
-    fill_pattern_with([&](std::uint64_t off, const void* p, std::size_t n) { s.write_media(c, off, p, n); }, c,
-                      s.lba_size(), s.blocks_per_controller());
+    fill_pattern_with([&](std::uint64_t off, const void* p, std::size_t n) { bam::emu::write_media(s, c, off, p, n); },
+                      c, s.lba_size(), s.blocks_per_controller());
 }
 //! Fill the media of a software controller built by hand (controller index `c`).
 inline void fill_pattern(bam::emu::emulated_controller& e, std::uint32_t c = 0) {
@@ -108,10 +109,10 @@ struct device_counters {
 };
 
 //! Launch, then wait for and check the launch (test code may synchronize the device).
-#define BAM_TEST_SYNC() \
-  do {                  \
-    BAM_CUDA_TRY(cudaGetLastError()); \
-    BAM_CUDA_TRY(cudaDeviceSynchronize()); \
+#define BAM_TEST_SYNC()                                                                                                \
+  do {                                                                                                                 \
+    BAM_CUDA_TRY(cudaGetLastError());                                                                                  \
+    BAM_CUDA_TRY(cudaDeviceSynchronize());                                                                             \
   } while (0)
 
 //! `a.check()` must throw for a bad index in [lo, hi) with the status out

@@ -3,7 +3,7 @@
 // add_subdirectory): brings up the software controller and round-trips one
 // block; with CUDA, also writes and sums a bam::array in a kernel
 // (consumer_kernel.cu) when a GPU is present.
-#include <bam/controller.hpp>
+#include <bam/host.hpp>
 #include <bam/emu.hpp>
 
 #include <cstdio>
@@ -15,9 +15,9 @@ int sum_array_on_gpu(unsigned n);
 #endif
 
 int main() {
-  auto t = bam::emu::make_ram_controller(1 << 20);
+  auto t = bam::emu::make_ram_emulated_controller(1 << 20);
   bam::controller ctrl(t, {});
-  auto buf = ctrl.transport_ref().alloc(4096);
+  auto buf = ctrl.transport().alloc(4096);
   std::memset(buf->data(), 0x42, 512);
   ctrl.write(1, 7, 1, *buf);
   std::memset(buf->data(), 0, 512);

@@ -24,8 +24,8 @@
 // It writes change.bin there itself.
 #include "guest_report.hpp"
 
-#include <bam/controller.hpp>
-#include <bam/mapped_file.hpp>
+#include <bam/host.hpp>
+#include <bam/file/mapped_file.hpp>
 #include <bam/transport/pci.hpp>
 
 #include <fcntl.h>
@@ -91,12 +91,10 @@ std::vector<unsigned char> read_file(const std::string& path) {
 }
 
 //! Appends or overwrites bytes through the file system and waits for them (fsync).
-void write_file(const std::string& path, const std::vector<unsigned char>& data, int flags,
-                off_t at = -1) {
+void write_file(const std::string& path, const std::vector<unsigned char>& data, int flags, off_t at = -1) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | flags, 0644);
   if (fd < 0) bam::throw_errno("opening " + path);
-  const ssize_t n =
-      at < 0 ? ::write(fd, data.data(), data.size()) : ::pwrite(fd, data.data(), data.size(), at);
+  const ssize_t n = at < 0 ? ::write(fd, data.data(), data.size()) : ::pwrite(fd, data.data(), data.size(), at);
   const int e = errno;
   const bool ok = n == static_cast<ssize_t>(data.size()) && ::fsync(fd) == 0;
   ::close(fd);
@@ -146,8 +144,7 @@ struct tester {
   std::string path(const std::string& name) const { return dir + "/" + name; }
 
   //! Bytes [off, off+len) of the file through the map and controller B.
-  std::vector<unsigned char> read_bam(const bam::extent_map& m, std::uint64_t off,
-                                      std::size_t len) {
+  std::vector<unsigned char> read_bam(const bam::extent_map& m, std::uint64_t off, std::size_t len) {
     std::vector<unsigned char> out(len, 0xa5);
     bam::read_mapped(*c, nsid, m, off, out.data(), len);
     return out;
@@ -159,8 +156,7 @@ struct tester {
   std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges_of(const bam::extent_map& m) {
     const std::uint64_t size = m.file_size(), lbs = m.lba_size(), mt = c->max_transfer_bytes();
     std::vector<std::pair<std::uint64_t, std::uint64_t>> want = {
-        {1, 1},        {lbs - 1, 2}, {4095, 4098},       {size / 3 + 7, size / 3},
-        {size - 1, 1}, {mt - 5, 10}, {mt + 3, mt + 1000}};
+        {1, 1}, {lbs - 1, 2}, {4095, 4098}, {size / 3 + 7, size / 3}, {size - 1, 1}, {mt - 5, 10}, {mt + 3, mt + 1000}};
     for (std::uint64_t i = 1; i < m.runs() && i <= 64; ++i)
       want.push_back({m.run_starts()[i] * lbs - 3, 7}); // across a run boundary
     std::mt19937_64 g(size);
@@ -179,8 +175,7 @@ struct tester {
   bool compare_file(const std::string& name, const bam::extent_map& m, std::string& detail) {
     const std::vector<unsigned char> want = read_file(path(name));
     if (want.size() != m.file_size()) {
-      detail = "file system says " + std::to_string(want.size()) + " bytes, map " +
-               std::to_string(m.file_size());
+      detail = "file system says " + std::to_string(want.size()) + " bytes, map " + std::to_string(m.file_size());
       return false;
     }
     bam::check_same_namespace(*c, nsid, m);
@@ -194,8 +189,7 @@ struct tester {
     for (const auto& [off, len] : ranges) {
       const std::vector<unsigned char> part = read_bam(m, off, len);
       if (!std::equal(part.begin(), part.end(), want.begin() + static_cast<std::ptrdiff_t>(off))) {
-        detail =
-            "bytes [" + std::to_string(off) + ", +" + std::to_string(len) + ") differ from read()";
+        detail = "bytes [" + std::to_string(off) + ", +" + std::to_string(len) + ") differ from read()";
         return false;
       }
     }
@@ -218,9 +212,8 @@ struct tester {
     for (const auto& ns : c->namespaces())
       nss += (nss.empty() ? "" : ",") + std::to_string(ns.nsid) + ":" + std::to_string(ns.lba_size);
     report("open-controller-b", c->namespaces().size() == 1,
-           dev + " at " + t->pci_address() + " (IOMMU " + (t->iommu() ? "on" : "off") +
-               "), serial '" + c->serial() + "', namespaces " + nss + ", transfer limit " +
-               std::to_string(c->max_transfer_bytes()) + " bytes");
+           dev + " at " + t->pci_address() + " (IOMMU " + (t->iommu() ? "on" : "off") + "), serial '" + c->serial() +
+               "', namespaces " + nss + ", transfer limit " + std::to_string(c->max_transfer_bytes()) + " bytes");
   }
 
   void identity() {
@@ -228,21 +221,17 @@ struct tester {
     const bam::block_device_info& d = m.device();
     nsid = d.nsid;
     info("file system disk", d.disk_node + " partition " + d.partition + " at byte " +
-                                 std::to_string(d.partition_start) + ", " +
-                                 std::to_string(d.disk_bytes) + " bytes, " +
-                                 std::to_string(d.lba_size) + "-byte blocks, nsid " +
-                                 std::to_string(d.nsid) + ", wwid " + d.wwid);
+                                 std::to_string(d.partition_start) + ", " + std::to_string(d.disk_bytes) + " bytes, " +
+                                 std::to_string(d.lba_size) + "-byte blocks, nsid " + std::to_string(d.nsid) +
+                                 ", wwid " + d.wwid);
     const bam::namespace_info& ns = c->ns(nsid);
-    const bool eui_ok =
-        nonzero(d.eui64.data(), 8) && std::memcmp(d.eui64.data(), ns.id.eui64, 8) == 0;
+    const bool eui_ok = nonzero(d.eui64.data(), 8) && std::memcmp(d.eui64.data(), ns.id.eui64, 8) == 0;
     const bool same = !error_of([&] { bam::check_same_namespace(*c, nsid, m); }).has_value();
-    report("same-namespace",
-           same && eui_ok && !d.partition.empty() && d.partition_start == (1u << 20),
+    report("same-namespace", same && eui_ok && !d.partition.empty() && d.partition_start == (1u << 20),
            "file system on " + d.partition + " of " + d.disk + " (partition at byte " +
-               std::to_string(d.partition_start) + "), nsid " + std::to_string(nsid) +
-               "; EUI-64 sysfs " + hex_bytes(d.eui64.data(), 8) + ", controller B identify " +
-               hex_bytes(ns.id.eui64, 8) + "; NGUID sysfs " +
-               (nonzero(d.nguid.data(), 16) ? hex_bytes(d.nguid.data(), 16) : "none") +
+               std::to_string(d.partition_start) + "), nsid " + std::to_string(nsid) + "; EUI-64 sysfs " +
+               hex_bytes(d.eui64.data(), 8) + ", controller B identify " + hex_bytes(ns.id.eui64, 8) +
+               "; NGUID sysfs " + (nonzero(d.nguid.data(), 16) ? hex_bytes(d.nguid.data(), 16) : "none") +
                ", identify " + (nonzero(ns.id.nguid, 16) ? hex_bytes(ns.id.nguid, 16) : "none") +
                "; check_same_namespace " + (same ? "accepts" : "refuses"));
 
@@ -250,8 +239,7 @@ struct tester {
     auto refused = [&](bam::block_device_info other, const std::string& expect) {
       const bam::extent_map fake = bam::extent_map::from_extents(path("other"), {}, 0, other);
       const auto e = error_of([&] { bam::check_same_namespace(*c, nsid, fake); });
-      return std::make_pair(e && e->errnum() == ENXIO &&
-                                std::string(e->what()).find(expect) != std::string::npos,
+      return std::make_pair(e && e->errnum() == ENXIO && std::string(e->what()).find(expect) != std::string::npos,
                             e ? std::string(e->what()) : std::string("accepted"));
     };
     bam::block_device_info other = d;
@@ -298,9 +286,8 @@ struct tester {
         throw;
       }
       ::close(fd);
-      const auto delalloc = std::count_if(raw.begin(), raw.end(), [](const bam::raw_extent& x) {
-        return x.flags & FIEMAP_EXTENT_DELALLOC;
-      });
+      const auto delalloc = std::count_if(raw.begin(), raw.end(),
+                                          [](const bam::raw_extent& x) { return x.flags & FIEMAP_EXTENT_DELALLOC; });
       bam::extent_map_options o;
       o.sync = false;
       const auto e = error_of([&] { (void)bam::extent_map::of_file(p, o); });
@@ -309,8 +296,7 @@ struct tester {
       std::string detail;
       const bool ok = compare_file("unsynced.bin", m, detail);
       report("file-unsynced-delalloc", delalloc > 0 && refused && ok,
-             "unsynced.bin: " + std::to_string(delalloc) +
-                 " delayed-allocation extents before mapping; without sync " +
+             "unsynced.bin: " + std::to_string(delalloc) + " delayed-allocation extents before mapping; without sync " +
                  (e ? errno_name(e->errnum()) + " (" + e->what() + ")" : std::string("mapped")) +
                  "; mapped with sync: " + detail);
     });
@@ -319,13 +305,12 @@ struct tester {
   void files() {
     plain_file("big.bin", "file-big-contiguous", [&](const bam::extent_map& m, std::string& d) {
       const bool ok = m.runs() == 1 && m.file_size() > 2 * c->max_transfer_bytes();
-      d += "; " + std::to_string(m.file_size() / c->max_transfer_bytes()) +
-           "x the transfer limit in " + std::to_string(m.runs()) + " run";
+      d += "; " + std::to_string(m.file_size() / c->max_transfer_bytes()) + "x the transfer limit in " +
+           std::to_string(m.runs()) + " run";
       return ok;
     });
     plain_file("small.bin", "file-small", {});
-    plain_file("empty.bin", "file-empty",
-               [](const bam::extent_map& m, std::string&) { return m.runs() == 0; });
+    plain_file("empty.bin", "file-empty", [](const bam::extent_map& m, std::string&) { return m.runs() == 0; });
     for (const char* f : {"frag-a.bin", "frag-b.bin"})
       plain_file(f, std::string("file-fragmented-") + (f[5] == 'a' ? "a" : "b"),
                  [](const bam::extent_map& m, std::string& d) {
@@ -340,8 +325,7 @@ struct tester {
     guard("sparse-refused-without-holes", [&] {
       const auto e = error_of([&] { (void)bam::extent_map::of_file(p); });
       const std::string msg = e ? e->what() : "mapped";
-      report("sparse-refused-without-holes",
-             e && e->errnum() == EINVAL && msg.find("hole") != std::string::npos,
+      report("sparse-refused-without-holes", e && e->errnum() == EINVAL && msg.find("hole") != std::string::npos,
              errno_name(e ? e->errnum() : 0) + ": " + msg);
     });
     guard("sparse-with-holes-allowed", [&] { sparse_allowed(p); });
@@ -361,15 +345,15 @@ struct tester {
         if (x.disk_offset != bam::extent_hole) continue;
         const std::uint64_t end = std::min(x.file_offset + x.length, m.file_size());
         hole_bytes += end - x.file_offset;
-        zero_ok = zero_ok && std::all_of(got.begin() + static_cast<std::ptrdiff_t>(x.file_offset),
-                                         got.begin() + static_cast<std::ptrdiff_t>(end),
-                                         [](unsigned char b) { return b == 0; });
+        zero_ok = zero_ok &&
+                  std::all_of(got.begin() + static_cast<std::ptrdiff_t>(x.file_offset),
+                              got.begin() + static_cast<std::ptrdiff_t>(end), [](unsigned char b) { return b == 0; });
       }
       ok = zero_ok && hole_bytes > 0;
     }
     report("sparse-with-holes-allowed", ok,
-           "sparse.bin: " + detail + "; " + std::to_string(hole_bytes) +
-               " hole bytes read as zeroes" + (m.has_holes() ? "" : "; the map has no hole"));
+           "sparse.bin: " + detail + "; " + std::to_string(hole_bytes) + " hole bytes read as zeroes" +
+               (m.has_holes() ? "" : "; the map has no hole"));
   }
 
   void changed() {
@@ -385,11 +369,9 @@ struct tester {
       const bam::extent_map again = bam::extent_map::of_file(p);
       std::string detail;
       const bool reread = compare_file("change.bin", again, detail);
-      report("appended-after-map-estale",
-             e && e->errnum() == ESTALE && e2 && e2->errnum() == ESTALE && reread,
-             "read_mapped: " + errno_name(e ? e->errnum() : 0) + " (" +
-                 (e ? e->what() : "no error") + "); check_unchanged: " +
-                 errno_name(e2 ? e2->errnum() : 0) + "; mapped again: " + detail);
+      report("appended-after-map-estale", e && e->errnum() == ESTALE && e2 && e2->errnum() == ESTALE && reread,
+             "read_mapped: " + errno_name(e ? e->errnum() : 0) + " (" + (e ? e->what() : "no error") +
+                 "); check_unchanged: " + errno_name(e2 ? e2->errnum() : 0) + "; mapped again: " + detail);
     });
     guard("overwritten-after-map-estale", [&] {
       const bam::extent_map m = bam::extent_map::of_file(p);
@@ -399,17 +381,14 @@ struct tester {
       const auto e = error_of([&] { m.check_unchanged(); });
       std::vector<unsigned char> buf(8192);
       const auto e2 = error_of([&] { bam::read_mapped(*c, nsid, m, 0, buf.data(), buf.size()); });
-      report("overwritten-after-map-estale",
-             e && e->errnum() == ESTALE && e2 && e2->errnum() == ESTALE,
-             "check_unchanged: " + errno_name(e ? e->errnum() : 0) + " (" +
-                 (e ? e->what() : "no error") +
+      report("overwritten-after-map-estale", e && e->errnum() == ESTALE && e2 && e2->errnum() == ESTALE,
+             "check_unchanged: " + errno_name(e ? e->errnum() : 0) + " (" + (e ? e->what() : "no error") +
                  "); read_mapped: " + errno_name(e2 ? e2->errnum() : 0));
     });
     guard("read-past-end-refused", [&] {
       const bam::extent_map m = bam::extent_map::of_file(p);
       std::vector<unsigned char> buf(2);
-      const auto e =
-          error_of([&] { bam::read_mapped(*c, nsid, m, m.file_size() - 1, buf.data(), 2); });
+      const auto e = error_of([&] { bam::read_mapped(*c, nsid, m, m.file_size() - 1, buf.data(), 2); });
       report("read-past-end-refused", e && e->errnum() == EINVAL,
              errno_name(e ? e->errnum() : 0) + ": " + (e ? e->what() : "read"));
     });

@@ -17,8 +17,8 @@
 //            --seconds N            ioctl-fuzz duration (default 5)
 #include "guest_report.hpp"
 
-#include <bam/controller.hpp>
-#include <bam/kmod_abi.h>
+#include <bam/host.hpp>
+#include <bam/transport/kmod_abi.h>
 #include <bam/transport/pci.hpp>
 
 #include "bam_test_dmabuf.h"
@@ -135,8 +135,7 @@ bool pins_released(std::string* detail) {
       *detail = "pinned_pages=0 mappings=0";
       return true;
     }
-    if (i == 199)
-      *detail = "pinned_pages=" + std::to_string(pinned) + " mappings=" + std::to_string(maps);
+    if (i == 199) *detail = "pinned_pages=" + std::to_string(pinned) + " mappings=" + std::to_string(maps);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return false;
@@ -162,27 +161,26 @@ void case_identify(const std::string& dev) {
   session s(dev);
   auto& c = *s.c;
   const auto& ns = c.ns(1);
-  info("pci", s.t->pci_address() + " vendor " + hex(s.t->info().vendor_id) + " device " +
-                  hex(s.t->info().device_id) + " BAR0 " + std::to_string(s.t->info().bar0_size) +
-                  " bytes, DMA mask " + hex(s.t->info().dma_mask) + ", IOMMU " +
-                  (s.t->iommu() ? "on" : "off"));
+  info("pci", s.t->pci_address() + " vendor " + hex(s.t->info().vendor_id) + " device " + hex(s.t->info().device_id) +
+                  " BAR0 " + std::to_string(s.t->info().bar0_size) + " bytes, DMA mask " + hex(s.t->info().dma_mask) +
+                  ", IOMMU " + (s.t->iommu() ? "on" : "off"));
   info("model", c.model());
   info("serial", c.serial());
   info("firmware", c.firmware());
-  info("namespaces", std::to_string(c.namespaces().size()) + ", ns1 " + std::to_string(ns.blocks) +
-                         " blocks x " + std::to_string(ns.lba_size) +
-                         " B = " + std::to_string(ns.blocks * ns.lba_size >> 20) + " MiB");
-  info("io queues", std::to_string(c.io_queue_count()) + " x " +
-                        std::to_string(c.io_queue_depth()) + " entries, MDTS-limited transfer " +
-                        std::to_string(c.max_transfer_bytes()));
+  info("namespaces", std::to_string(c.namespaces().size()) + ", ns1 " + std::to_string(ns.blocks) + " blocks x " +
+                         std::to_string(ns.lba_size) + " B = " + std::to_string(ns.blocks * ns.lba_size >> 20) +
+                         " MiB");
+  info("io queues", std::to_string(c.io_queue_count()) + " x " + std::to_string(c.io_queue_depth()) +
+                        " entries, MDTS-limited transfer " + std::to_string(c.max_transfer_bytes()));
   // The controller's own word on queues (Get Features, Number of Queues) and
   // CAP.MQES decide what the driver must have created.
   const bam::nvme::number_of_queues noq{c.admin(bam::nvme::make_get_features(bam::nvme::feature_id::number_of_queues))};
   const std::uint32_t want_queues = std::min({opt.queues, noq.bits.nsq + 1u, noq.bits.ncq + 1u});
-  const std::uint32_t want_depth = std::min<std::uint32_t>(std::max<std::uint32_t>(opt.depth, 2), c.cap().bits.mqes + 1u);
+  const std::uint32_t want_depth =
+      std::min<std::uint32_t>(std::max<std::uint32_t>(opt.depth, 2), c.cap().bits.mqes + 1u);
   info("queue limits", "controller allocated " + std::to_string(noq.bits.nsq + 1u) + " SQs / " +
-                           std::to_string(noq.bits.ncq + 1u) + " CQs, CAP.MQES+1 = " +
-                           std::to_string(c.cap().bits.mqes + 1u));
+                           std::to_string(noq.bits.ncq + 1u) +
+                           " CQs, CAP.MQES+1 = " + std::to_string(c.cap().bits.mqes + 1u));
   report("identify",
          c.serial() == "bamtest" && ns.blocks > 0 && c.io_queue_count() == want_queues &&
              c.io_queue_depth() == want_depth,
@@ -197,12 +195,10 @@ void case_identify(const std::string& dev) {
     bool contiguous = true;
     for (std::size_t i = 1; i < q->page_bus().size(); ++i)
       contiguous = contiguous && q->page_bus()[i] == q->page_bus()[0] + i * bam::dma_page_size;
-    report("alloc-bus-contiguous", contiguous,
-           "64 KiB from alloc() at bus " + hex(q->page_bus()[0]));
+    report("alloc-bus-contiguous", contiguous, "64 KiB from alloc() at bus " + hex(q->page_bus()[0]));
   }
   // Bus addresses: equal to physical addresses without an IOMMU, IOVAs with one.
-  void* pinned = ::mmap(nullptr, 4 * bam::dma_page_size, PROT_READ | PROT_WRITE,
-                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* pinned = ::mmap(nullptr, 4 * bam::dma_page_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   std::memset(pinned, 0x5a, 4 * bam::dma_page_size);
   auto buf = s.t->map(pinned, 4 * bam::dma_page_size, bam::memory_kind::host);
   const std::uint64_t bus = buf->page_bus()[0];
@@ -211,8 +207,7 @@ void case_identify(const std::string& dev) {
   if (s.t->iommu())
     report("iommu-iova", phys != 0 && bus != phys, "bus " + hex(bus) + " != phys " + hex(phys));
   else
-    report("bus-equals-phys", phys != 0 && bus == phys,
-           "bus " + hex(bus) + " == phys " + hex(phys));
+    report("bus-equals-phys", phys != 0 && bus == phys, "bus " + hex(bus) + " == phys " + hex(phys));
 }
 
 //! Random writes and reads with verification on namespace `nsid`, from
@@ -252,8 +247,7 @@ void io_on_namespace(session& s, std::uint32_t nsid, std::uint64_t target_blocks
         std::memset(buf->data(), 0xee, n * bs);
         c.read(nsid, r, n, *buf, 0, q);
         for (std::uint32_t i = 0; i < n; ++i)
-          if (gen[r + i - lo] != 0 &&
-              !check_block(buf->as<unsigned char>() + i * bs, bs, r + i, gen[r + i - lo]))
+          if (gen[r + i - lo] != 0 && !check_block(buf->as<unsigned char>() + i * bs, bs, r + i, gen[r + i - lo]))
             ++bad;
         mine += n;
         written += n;
@@ -291,12 +285,10 @@ void io_on_namespace(session& s, std::uint32_t nsid, std::uint64_t target_blocks
                 "namespace %u (%u-byte blocks): %llu blocks written at random LBAs by %u threads on %u "
                 "queues, %llu distinct blocks verified, %llu mismatches, %.1f s%s%s",
                 nsid, bs, static_cast<unsigned long long>(written.load()), nthreads, c.io_queue_count(),
-                static_cast<unsigned long long>(verified.load()),
-                static_cast<unsigned long long>(bad.load()), secs, error ? ": " : "",
-                first_error.c_str());
+                static_cast<unsigned long long>(verified.load()), static_cast<unsigned long long>(bad.load()), secs,
+                error ? ": " : "", first_error.c_str());
   report(nsid == 1 ? std::string("random-write-read-verify") : "random-write-read-verify-ns" + std::to_string(nsid),
-         !error && bad == 0 && written >= target_blocks && verified > 0,
-         detail);
+         !error && bad == 0 && written >= target_blocks && verified > 0, detail);
 }
 
 void case_io(const std::string& dev, std::uint64_t target_blocks, unsigned nthreads) {
@@ -335,8 +327,8 @@ void case_dmabuf(const std::string& dev) {
     auto region = s.t->map_dmabuf(cr.fd, 0, bytes, cpu, bam::memory_kind::device);
     ::close(cr.fd); // the mapping holds its own reference
     cr.fd = -1;
-    info("dmabuf", "bus addresses of the dma-buf's first pages: " + hex(region->page_bus()[0]) +
-                       ", " + hex(region->page_bus()[1]) + ", " + hex(region->page_bus()[2]));
+    info("dmabuf", "bus addresses of the dma-buf's first pages: " + hex(region->page_bus()[0]) + ", " +
+                       hex(region->page_bus()[1]) + ", " + hex(region->page_bus()[2]));
     // dma-buf -> disk -> host memory
     for (std::uint32_t i = 0; i < nblk; ++i)
       fill_block(static_cast<unsigned char*>(cpu) + std::size_t{i} * bs, bs, base + i, 77);
@@ -353,12 +345,10 @@ void case_dmabuf(const std::string& dev) {
     std::memset(cpu, 0, bytes);
     c.read(1, base + nblk, nblk, *region);
     for (std::uint32_t i = 0; i < nblk; ++i)
-      if (!check_block(static_cast<unsigned char*>(cpu) + std::size_t{i} * bs, bs, base + nblk + i,
-                       78))
-        ++bad;
+      if (!check_block(static_cast<unsigned char*>(cpu) + std::size_t{i} * bs, bs, base + nblk + i, 78)) ++bad;
     report("dmabuf", bad == 0,
-           "MAP_DMABUF of a 1 MiB exported buffer: write from it and read into it, " +
-               std::to_string(2 * nblk) + " blocks, " + std::to_string(bad) + " mismatches");
+           "MAP_DMABUF of a 1 MiB exported buffer: write from it and read into it, " + std::to_string(2 * nblk) +
+               " blocks, " + std::to_string(bad) + " mismatches");
   } catch (const std::exception& e) {
     report("dmabuf", false, e.what());
   }
@@ -372,8 +362,7 @@ void expect_errno(const std::string& name, int fd, unsigned long cmd, void* arg,
   const int rc = ::ioctl(fd, cmd, arg);
   const int e = rc == 0 ? 0 : errno;
   report("arg-" + name, rc != 0 && e == want,
-         std::string("got ") + (rc == 0 ? "success" : std::strerror(e)) + ", want " +
-             std::strerror(want));
+         std::string("got ") + (rc == 0 ? "success" : std::strerror(e)) + ", want " + std::strerror(want));
 }
 
 void case_args(const std::string& dev) {
@@ -383,8 +372,7 @@ void case_args(const std::string& dev) {
   void* mem = ::mmap(nullptr, 64 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   void* ro = ::mmap(nullptr, 4 * pg, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   std::vector<std::uint64_t> bus(64);
-  auto host = [&](std::uint64_t vaddr, std::uint64_t len, std::uint32_t count = 64,
-                  std::uint32_t flags = 0) {
+  auto host = [&](std::uint64_t vaddr, std::uint64_t len, std::uint32_t count = 64, std::uint32_t flags = 0) {
     bam_kmod_map_host m{};
     m.vaddr = vaddr;
     m.length = len;
@@ -423,8 +411,7 @@ void case_args(const std::string& dev) {
   m = host(base, pg);
   m.bus_addrs = 0x10;
   expect_errno("bad-bus-array-pointer", fd, BAM_KMOD_IOC_MAP_HOST, &m, EFAULT);
-  expect_errno("bad-struct-pointer", fd, BAM_KMOD_IOC_MAP_HOST, reinterpret_cast<void*>(0x10),
-               EFAULT);
+  expect_errno("bad-struct-pointer", fd, BAM_KMOD_IOC_MAP_HOST, reinterpret_cast<void*>(0x10), EFAULT);
 
   bam_kmod_unmap u{};
   u.handle = 0;
@@ -459,8 +446,7 @@ void case_args(const std::string& dev) {
     al = {};
     al.length = 2 * pg;
     bool ok = ::ioctl(fd, BAM_KMOD_IOC_ALLOC, &al) == 0;
-    void* q = ok ? ::mmap(nullptr, 2 * pg, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-                          static_cast<off_t>(al.mmap_offset))
+    void* q = ok ? ::mmap(nullptr, 2 * pg, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(al.mmap_offset))
                  : MAP_FAILED;
     ok = ok && q != MAP_FAILED;
     bam_kmod_unmap uu{};
@@ -471,8 +457,8 @@ void case_args(const std::string& dev) {
     if (q != MAP_FAILED) ::munmap(q, 2 * pg);
     const auto after = read_sysfs_int("/sys/class/bam-nvme/mappings");
     report("alloc-unmap-before-munmap", ok && during == before + 1 && after == before,
-           "mappings " + std::to_string(before) + " -> " + std::to_string(during) +
-               " after UNMAP (still mmapped) -> " + std::to_string(after) + " after munmap");
+           "mappings " + std::to_string(before) + " -> " + std::to_string(during) + " after UNMAP (still mmapped) -> " +
+               std::to_string(after) + " after munmap");
   }
 
   // Wrong fd types.
@@ -546,8 +532,7 @@ void case_args(const std::string& dev) {
     report("library-error-missing", false, "opened");
   } catch (const bam::error& e) {
     report("library-error-missing",
-           e.errnum() == ENOENT && std::string(e.what()).find("bind-nvme") != std::string::npos,
-           e.what());
+           e.errnum() == ENOENT && std::string(e.what()).find("bind-nvme") != std::string::npos, e.what());
   }
 }
 
@@ -586,8 +571,7 @@ void case_unpriv(const std::string& dev) {
   ::chmod(dev.c_str(), 0666);
   e = open_errno_as_user(dev);
   report("unprivileged-no-cap-sys-rawio", e == EPERM,
-         "uid 1000 opening a mode 0666 node: " +
-             (e > 0 ? std::string(std::strerror(e)) : std::to_string(e)));
+         "uid 1000 opening a mode 0666 node: " + (e > 0 ? std::string(std::strerror(e)) : std::to_string(e)));
   ::chmod(dev.c_str(), st.st_mode & 07777);
 }
 
@@ -627,17 +611,15 @@ void case_fork(const std::string& dev) {
     m.bus_addrs = reinterpret_cast<std::uintptr_t>(bus.data());
     m.bus_addr_count = 1;
     if (!(::ioctl(fd, BAM_KMOD_IOC_MAP_HOST, &m) != 0 && errno == EACCES)) bad |= 4;
-    if (::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0) != MAP_FAILED || errno != EACCES)
-      bad |= 8;
+    if (::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0) != MAP_FAILED || errno != EACCES) bad |= 8;
     std::memset(mem, 0x22, bytes); // the child's copy only
     ::_exit(bad);
   }
   int st = wait_status(pid);
   report("fork-child-refused", WIFEXITED(st) && WEXITSTATUS(st) == 0,
-         "child ioctl/mmap on the inherited fd: " +
-             std::string(WIFEXITED(st) && WEXITSTATUS(st) == 0
-                             ? "all EACCES"
-                             : "bitmask " + std::to_string(WEXITSTATUS(st))));
+         "child ioctl/mmap on the inherited fd: " + std::string(WIFEXITED(st) && WEXITSTATUS(st) == 0
+                                                                    ? "all EACCES"
+                                                                    : "bitmask " + std::to_string(WEXITSTATUS(st))));
 
   // 2. The child has no registers (VM_DONTCOPY) and no MADV_DONTFORK buffers.
   pid = ::fork();
@@ -647,8 +629,7 @@ void case_fork(const std::string& dev) {
   }
   st = wait_status(pid);
   report("fork-no-bar-in-child", WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV,
-         WIFSIGNALED(st) ? std::string("child killed by ") + strsignal(WTERMSIG(st))
-                         : "child read BAR0");
+         WIFSIGNALED(st) ? std::string("child killed by ") + strsignal(WTERMSIG(st)) : "child read BAR0");
   pid = ::fork();
   if (pid == 0) {
     (void)*static_cast<volatile unsigned char*>(owned->data());
@@ -656,8 +637,7 @@ void case_fork(const std::string& dev) {
   }
   st = wait_status(pid);
   report("fork-no-alloc-buffer-in-child", WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV,
-         WIFSIGNALED(st) ? std::string("child killed by ") + strsignal(WTERMSIG(st))
-                         : "child read it");
+         WIFSIGNALED(st) ? std::string("child killed by ") + strsignal(WTERMSIG(st)) : "child read it");
 
   // 3. The parent's pinned pages stay the DMA target after fork + writes (no COW split).
   std::memset(mem, 0x33, bytes); // would break COW to a new page if the pin did not hold
@@ -705,8 +685,7 @@ void case_kill(const std::string& dev) {
       for (unsigned i = 0; i < 4; ++i)
         th.emplace_back([&, i] {
           // Pinned user memory (MAP_HOST), next to the coherent queue memory.
-          void* mem = ::mmap(nullptr, 64 * 1024, PROT_READ | PROT_WRITE,
-                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+          void* mem = ::mmap(nullptr, 64 * 1024, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
           auto buf = s.t->map(mem, 64 * 1024, bam::memory_kind::host);
           std::mt19937_64 rng(i);
           const auto per_io = static_cast<std::uint32_t>(buf->size() / c.ns(1).lba_size);
@@ -758,8 +737,8 @@ void case_kill(const std::string& dev) {
     for (std::uint64_t i = 0; i < kept_blocks; ++i)
       if (!check_block(kept->as<unsigned char>() + i * bs, bs, kept_lba + i, kill_kept_gen)) ++bad;
     report("reopen-after-kill-reads-flushed", got && bad == 0,
-           std::to_string(bad) + " of " + std::to_string(kept_blocks) +
-               " blocks flushed before the kill differ (LBA " + std::to_string(kept_lba) + ")");
+           std::to_string(bad) + " of " + std::to_string(kept_blocks) + " blocks flushed before the kill differ (LBA " +
+               std::to_string(kept_lba) + ")");
   } catch (const std::exception& e) {
     report("reopen-after-kill", false, e.what());
   }
@@ -835,7 +814,8 @@ void case_geometry(const std::string& dev) {
 
   const std::uint8_t mdts = c.identify_data().mdts;
   const std::size_t pool_limit = 2u << 20;
-  const std::size_t want = (mdts == 0 || mdts >= 20) ? pool_limit : std::min<std::size_t>(pool_limit, bam::dma_page_size << mdts);
+  const std::size_t want =
+      (mdts == 0 || mdts >= 20) ? pool_limit : std::min<std::size_t>(pool_limit, bam::dma_page_size << mdts);
   report("mdts-transfer-limit", c.max_transfer_bytes() == want,
          "MDTS " + std::to_string(mdts) + ": driver moves at most " + std::to_string(c.max_transfer_bytes()) +
              " bytes per command (want " + std::to_string(want) + ")");
@@ -845,9 +825,9 @@ void case_geometry(const std::string& dev) {
     const bam::nvme::status at = raw_rw(s, bam::nvme::nvm_opcode::read, ns.nsid, 0, max_blocks, ns.lba_size, *buf);
     // One block more than MDTS allows: the controller must refuse it.
     const bool limited = mdts != 0 && c.max_transfer_bytes() == (bam::dma_page_size << mdts);
-    const bam::nvme::status over = limited ? raw_rw(s, bam::nvme::nvm_opcode::read, ns.nsid, 0, max_blocks + 1,
-                                                    ns.lba_size, *buf)
-                                           : bam::nvme::status_success;
+    const bam::nvme::status over =
+        limited ? raw_rw(s, bam::nvme::nvm_opcode::read, ns.nsid, 0, max_blocks + 1, ns.lba_size, *buf)
+                : bam::nvme::status_success;
     const bool over_refused = !limited || (over.sct() == bam::nvme::status_type::generic &&
                                            over.sc() == bam::nvme::generic_status::invalid_field);
     // Through the driver, a transfer of many times the limit is split and lands whole.
@@ -891,19 +871,20 @@ void case_ioctl_fuzz(const std::string& dev) {
   std::mt19937_64 rng(std::random_device{}());
   auto coin = [&] { return (rng() & 1) != 0; };
   auto small_len = [&] { return (1 + rng() % 16) * bam::dma_page_size; };
-  const std::vector<int> documented = {0,      EINVAL, E2BIG,  EFAULT,     ENOMEM, EACCES,
-                                       ENODEV, ENOTTY, EBADF,  EOPNOTSUPP, EPERM,  EBUSY};
+  const std::vector<int> documented = {0,      EINVAL, E2BIG, EFAULT,     ENOMEM, EACCES,
+                                       ENODEV, ENOTTY, EBADF, EOPNOTSUPP, EPERM,  EBUSY};
   std::map<int, std::uint64_t> answers;
   std::vector<std::uint64_t> handles;
   std::string odd;
-  const unsigned long cmds[] = {BAM_KMOD_IOC_VERSION,    BAM_KMOD_IOC_INFO,  BAM_KMOD_IOC_MAP_HOST,
+  const unsigned long cmds[] = {BAM_KMOD_IOC_VERSION,    BAM_KMOD_IOC_INFO,    BAM_KMOD_IOC_MAP_HOST,
                                 BAM_KMOD_IOC_MAP_DMABUF, BAM_KMOD_IOC_MAP_GPU, BAM_KMOD_IOC_UNMAP,
                                 BAM_KMOD_IOC_ALLOC};
   std::uint64_t calls = 0;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(opt.seconds);
   while (std::chrono::steady_clock::now() < deadline) {
     alignas(8) unsigned char arg[64];
-    for (auto& b : arg) b = static_cast<unsigned char>(rng());
+    for (auto& b : arg)
+      b = static_cast<unsigned char>(rng());
     unsigned long cmd = cmds[rng() % std::size(cmds)];
     if (rng() % 8 == 0) cmd = _IOC(rng() % 4, BAM_KMOD_IOC_MAGIC, rng() % 16, rng() % 64); // any number, any size
     if (coin()) {
@@ -977,7 +958,8 @@ void case_ioctl_fuzz(const std::string& dev) {
   }
   ::munmap(arena, arena_bytes);
   std::string summary;
-  for (const auto& [e, n] : answers) summary += " " + std::string(e == 0 ? "ok" : strerrorname_np(e)) + "=" + std::to_string(n);
+  for (const auto& [e, n] : answers)
+    summary += " " + std::string(e == 0 ? "ok" : strerrorname_np(e)) + "=" + std::to_string(n);
   report("ioctl-fuzz", odd.empty() && released && works,
          std::to_string(calls) + " ioctls in " + std::to_string(opt.seconds) + " s:" + summary + "; " +
              std::to_string(pinned_open) + " pages pinned before close, then " + detail +
@@ -1010,13 +992,20 @@ int main(int argc, char** argv) {
   const std::string what = argv[1], dev = argv[2];
   for (int i = 3; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--blocks") opt.blocks = std::strtoull(v.c_str(), nullptr, 0);
-    else if (k == "--threads") opt.threads = static_cast<unsigned>(std::strtoul(v.c_str(), nullptr, 0));
-    else if (k == "--queues") opt.queues = static_cast<std::uint32_t>(std::strtoul(v.c_str(), nullptr, 0));
-    else if (k == "--depth") opt.depth = static_cast<std::uint32_t>(std::strtoul(v.c_str(), nullptr, 0));
-    else if (k == "--expect") opt.expect = v;
-    else if (k == "--inactive") opt.inactive = v;
-    else if (k == "--seconds") opt.seconds = static_cast<unsigned>(std::strtoul(v.c_str(), nullptr, 0));
+    if (k == "--blocks")
+      opt.blocks = std::strtoull(v.c_str(), nullptr, 0);
+    else if (k == "--threads")
+      opt.threads = static_cast<unsigned>(std::strtoul(v.c_str(), nullptr, 0));
+    else if (k == "--queues")
+      opt.queues = static_cast<std::uint32_t>(std::strtoul(v.c_str(), nullptr, 0));
+    else if (k == "--depth")
+      opt.depth = static_cast<std::uint32_t>(std::strtoul(v.c_str(), nullptr, 0));
+    else if (k == "--expect")
+      opt.expect = v;
+    else if (k == "--inactive")
+      opt.inactive = v;
+    else if (k == "--seconds")
+      opt.seconds = static_cast<unsigned>(std::strtoul(v.c_str(), nullptr, 0));
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;

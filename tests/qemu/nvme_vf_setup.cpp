@@ -39,9 +39,9 @@ struct secondary {
   std::uint16_t scid = 0; //!< its controller id
   std::uint16_t pcid = 0; //!< its primary's
   bool online = false;
-  std::uint16_t vfn = 0;  //!< virtual function number (1-based)
-  std::uint16_t nvq = 0;  //!< queue resources assigned
-  std::uint16_t nvi = 0;  //!< interrupt resources assigned
+  std::uint16_t vfn = 0; //!< virtual function number (1-based)
+  std::uint16_t nvq = 0; //!< queue resources assigned
+  std::uint16_t nvi = 0; //!< interrupt resources assigned
 };
 
 [[noreturn]] void die(const std::string& what) {

@@ -3,7 +3,7 @@
 // software controllers (emu: device strings), a load killed with SIGKILL and
 // resumed, Ctrl-C, and list/bind/unbind over a made-up sysfs tree (the real
 // ones run in the QEMU guest).
-#include <bam/dataset.hpp>
+#include <bam/host/dataset.hpp>
 
 #include <catch2/catch_test_macros.hpp>
 #include <nlohmann/json.hpp>
@@ -97,8 +97,7 @@ void random_file(const std::string& p, std::size_t n, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   for (auto& b : v)
     b = static_cast<unsigned char>(rng());
-  std::ofstream(p, std::ios::binary)
-      .write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(n));
+  std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(n));
 }
 
 std::size_t recorded_chunks(const std::string& state) {
@@ -163,15 +162,14 @@ TEST_CASE("bam load and dump: checksums agree with the file and with each other"
   temp_dir d;
   random_file(d / "src", 5 * 1000 * 1000 + 7, 2); // not a multiple of anything
   const std::string dev = "emu:file=" + d / "disk.img" + ",size=32M";
-  const json load =
-      bam_json(d, {"load", d / "src", dev, "--offset", "64K", "--chunk", "256K", "--verify"});
+  const json load = bam_json(d, {"load", d / "src", dev, "--offset", "64K", "--chunk", "256K", "--verify"});
   CHECK(load["bytes"] == 5000007);
   CHECK(load["resumed_chunks"] == 0);
   CHECK(load["verified_chunks"] == load["chunks"]);
   CHECK(load["checksum"] == bam::file_checksum(d / "src"));
   // Another process, the same media file.
-  const json dump = bam_json(d, {"dump", "emu:file=" + d / "disk.img", d / "back", "--offset",
-                                 "64K", "--length", "5000007"});
+  const json dump =
+      bam_json(d, {"dump", "emu:file=" + d / "disk.img", d / "back", "--offset", "64K", "--length", "5000007"});
   CHECK(dump["checksum"] == load["checksum"]);
   CHECK(slurp(d / "back") == slurp(d / "src"));
   CHECK(run_bam(d, {"checksum", d / "back"}).out.find(load["checksum"].get<std::string>()) == 0);
@@ -184,8 +182,7 @@ TEST_CASE("bam load killed with SIGKILL resumes and completes", "[cli][resume]")
   // 8 MiB at 1 MiB/s: progress is recorded once a second, so the kill lands
   // with 8 to 56 of the 64 chunks recorded, even on a loaded machine.
   const pid_t pid =
-      spawn({"--quiet", "load", d / "src", dev, "--chunk", "128K", "--max-rate", "1M"}, d / "o1",
-            d / "e1");
+      spawn({"--quiet", "load", d / "src", dev, "--chunk", "128K", "--max-rate", "1M"}, d / "o1", d / "e1");
   const std::string state = d / "src.bam-load";
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (recorded_chunks(state) < 8 && std::chrono::steady_clock::now() < deadline)
@@ -202,18 +199,15 @@ TEST_CASE("bam load killed with SIGKILL resumes and completes", "[cli][resume]")
   CHECK(again["verified_chunks"].get<std::size_t>() == 64 - before);
   CHECK(again["checksum"] == bam::file_checksum(d / "src"));
   CHECK_FALSE(fs::exists(state));
-  const json dump =
-      bam_json(d, {"dump", "emu:file=" + d / "disk.img", d / "back", "--length", "8M"});
+  const json dump = bam_json(d, {"dump", "emu:file=" + d / "disk.img", d / "back", "--length", "8M"});
   CHECK(dump["checksum"] == again["checksum"]);
 }
 
-TEST_CASE("bam load stopped with Ctrl-C records its progress and says how to resume",
-          "[cli][resume]") {
+TEST_CASE("bam load stopped with Ctrl-C records its progress and says how to resume", "[cli][resume]") {
   temp_dir d;
   random_file(d / "src", 4 << 20, 4);
   const std::string dev = "emu:file=" + d / "disk.img" + ",size=8M";
-  const pid_t pid =
-      spawn({"load", d / "src", dev, "--chunk", "64K", "--max-rate", "2M"}, d / "o1", d / "e1");
+  const pid_t pid = spawn({"load", d / "src", dev, "--chunk", "64K", "--max-rate", "2M"}, d / "o1", d / "e1");
   std::this_thread::sleep_for(std::chrono::milliseconds(700));
   ::kill(pid, SIGINT);
   CHECK(wait_exit(pid) == 130);
@@ -310,8 +304,7 @@ TEST_CASE("bam bind refuses what bind-nvme refuses and writes what it writes", "
   fs::create_directories(s.root / "sys/block/nvme0n1/holders/dm-0");
   r = run_bam(s.d, s.args({"bind", "01:00.0"}));
   CHECK(r.status == 1);
-  CHECK(r.err.find(
-            "refusing: 0000:01:00.0 is in use: /dev/nvme0n1(held by dm-0) /dev/nvme0n1(mounted)") !=
+  CHECK(r.err.find("refusing: 0000:01:00.0 is in use: /dev/nvme0n1(held by dm-0) /dev/nvme0n1(mounted)") !=
         std::string::npos);
   // Nothing was touched.
   CHECK(slurp((s.dev / "driver_override").string()) == "(null)\n");
@@ -362,8 +355,10 @@ TEST_CASE("bam map says which path reads a file, and --verify reads it that way"
     CHECK(j["runs"].get<int>() >= 1);
     CHECK(j["first_runs"][0]["file_offset"] == 0);
   }
-  if (j["path"] == "direct") CHECK(j["device"] == "emu:extents=" + d / "data");
-  else CHECK(j["device"] == "emu:file=" + d / "data" + ",ro");
+  if (j["path"] == "direct")
+    CHECK(j["device"] == "emu:extents=" + d / "data");
+  else
+    CHECK(j["device"] == "emu:file=" + d / "data" + ",ro");
   // A file on tmpfs: no blocks to map; the file itself is read.
   if (fs::is_directory("/dev/shm")) {
     const std::string shm = "/dev/shm/bam-cli-map-" + std::to_string(::getpid());

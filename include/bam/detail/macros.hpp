@@ -4,7 +4,8 @@
 #pragma once
 
 #if __cplusplus < 202002L
-#error "bam needs C++20: g++/clang++/nvcc -std=c++20; in CMake link bam::bam (or set CXX_STANDARD and CUDA_STANDARD to 20)"
+#error                                                                                                                 \
+    "bam needs C++20: g++/clang++/nvcc -std=c++20; in CMake link bam::bam (or set CXX_STANDARD and CUDA_STANDARD to 20)"
 #endif
 
 #include <cstdint>
@@ -73,8 +74,7 @@ BAM_HD inline std::uint64_t now_ns() {
   return t;
 #else
   return static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(
-          std::chrono::steady_clock::now().time_since_epoch())
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
           .count());
 #endif
 }

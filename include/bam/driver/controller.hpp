@@ -6,11 +6,11 @@
 //! offers synchronous block I/O from host threads.
 //!
 //! @code
-//!   auto t = bam::emu::make_ram_controller(64 << 20);   // or a pci_transport
+//!   auto t = bam::emu::make_ram_emulated_controller(64 << 20);   // or a pci_transport
 //!   bam::controller ctrl(t, {.io_queues = 4, .queue_depth = 256});
 //!   std::printf("%s, %llu blocks\n", ctrl.model().c_str(),
 //!               (unsigned long long)ctrl.ns(1).blocks);
-//!   auto buf = ctrl.transport_ref().alloc(8 * ctrl.ns(1).lba_size);
+//!   auto buf = ctrl.transport().alloc(8 * ctrl.ns(1).lba_size);
 //!   ctrl.write(1, /*lba=*/100, /*nblocks=*/8, *buf);
 //!   ctrl.read(1, 100, 8, *buf, 0, /*queue=*/2);
 //! @endcode
@@ -49,7 +49,7 @@ struct controller_options {
   std::uint64_t admin_timeout_ns = nvme::default_queue_timeout_ns;
   //! Zeroed memory for one I/O queue's SQ and CQ rings, reachable by the
   //! controller. Default: host memory from `transport::alloc`.
-  std::function<std::unique_ptr<dma_region>(transport&, std::size_t bytes)> ring_alloc;
+  std::function<std::unique_ptr<dma_region>(bam::transport&, std::size_t bytes)> ring_alloc;
   //! Zeroed submitter-side state (`nvme::queue_state_bytes`). Default: host heap.
   std::function<void*(std::size_t bytes)> state_alloc;
   std::function<void(void*)> state_free;
@@ -103,7 +103,7 @@ inline const char* state_name(controller_state s) {
 class controller {
 public:
   //! Bring the controller behind `t` up; throws `bam::error` naming the state that failed.
-  explicit controller(std::shared_ptr<transport> t, controller_options opts = {});
+  explicit controller(std::shared_ptr<bam::transport> t, controller_options opts = {});
   //! Deletes the I/O queues and shuts the controller down (CC.SHN); after a
   //! timeout or a failed teardown, resets it (CC.EN=0) before any queue or
   //! quarantined memory is freed. Failures are reported through `bam::warn`.
@@ -111,7 +111,7 @@ public:
   controller(const controller&) = delete;
   controller& operator=(const controller&) = delete;
 
-  transport& transport_ref() const { return *transport_; }
+  bam::transport& transport() const { return *transport_; }
   const std::string& name() const { return name_; }
   controller_state state() const { return state_; }
 
@@ -141,8 +141,8 @@ public:
 
   // ---- synchronous I/O from host threads -------------------------------
 
-  void read(std::uint32_t nsid, std::uint64_t lba, std::uint32_t nblocks, const dma_region& buf,
-            std::size_t offset = 0, std::uint32_t queue = 0) {
+  void read(std::uint32_t nsid, std::uint64_t lba, std::uint32_t nblocks, const dma_region& buf, std::size_t offset = 0,
+            std::uint32_t queue = 0) {
     block_io(nvme::nvm_opcode::read, nsid, lba, nblocks, buf, offset, queue);
   }
   void write(std::uint32_t nsid, std::uint64_t lba, std::uint32_t nblocks, const dma_region& buf,
@@ -226,11 +226,11 @@ private:
 
   //! LBA data sizes (log2) a namespace may have to be used.
   static constexpr unsigned min_lba_shift = 9, max_lba_shift = 24;
-  static std::size_t cq_offset(std::uint32_t depth) { return transport::round_up(sizeof(nvme::command) * depth); }
+  static std::size_t cq_offset(std::uint32_t depth) { return bam::transport::round_up(sizeof(nvme::command) * depth); }
   static void* host_state_alloc(std::size_t bytes);
   static std::string trim(const char* s, std::size_t n);
 
-  std::shared_ptr<transport> transport_;
+  std::shared_ptr<bam::transport> transport_;
   controller_options opts_;
   std::string name_;
   controller_state state_ = controller_state::disable;

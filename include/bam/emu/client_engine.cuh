@@ -7,7 +7,8 @@
 //!   auto media = bam::emu::make_file_media("/data/x.img", 0, false);
 //!   auto engine = bam::emu::make_client_engine(media, /*max_qid=*/128, /*threads=*/4);
 //!   cfg.io_engine = engine;
-//!   bam::controller c(bam::emu::make_controller(cfg), bam::emu::client_queue_options({}));
+//!   // bam::storage places its queue rings in pinned host memory mapped into
+//!   // the GPU (bam::queue_ring_memory::pinned_host)
 //! @endcode
 //!
 //! Lazy module loading (CUDA's default since 12.2): loading a kernel at its
@@ -23,9 +24,9 @@
 #pragma once
 
 #include <bam/cuda.cuh>
-#include <bam/driver/controller.hpp>
 #include <bam/emu/client_engine.hpp>
-#include <bam/runtime/detail/device_memory.cuh>
+#include <bam/emu/open.hpp>
+#include <bam/detail/device_memory.cuh>
 
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -84,7 +85,8 @@ private:
       cudaMemcpyAttributes attr{};
       attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
       std::size_t first = 0;
-      const cudaError_t e = cudaMemcpyBatchAsync(dst_.data(), src_.data(), size_.data(), dst_.size(), &attr, &first, 1, stream_);
+      const cudaError_t e =
+          cudaMemcpyBatchAsync(dst_.data(), src_.data(), size_.data(), dst_.size(), &attr, &first, 1, stream_);
       if (e == cudaSuccess) return clear(true);
       (void)cudaGetLastError();
       if (e != cudaErrorNotSupported && e != cudaErrorInvalidValue) return clear(note(e));
@@ -120,13 +122,14 @@ class client_engine_owner final : public io_engine {
 public:
   client_engine_owner(std::shared_ptr<media> m, std::uint32_t max_qid, std::uint32_t threads)
       : doorbells_(2 * (static_cast<std::size_t>(max_qid) + 1)),
-        engine_(std::move(m), max_qid, threads, std::span<std::uint32_t>(doorbells_.get(), doorbells_.size()),
-                [] { return std::make_unique<cuda_copier>(); },
-                [](std::size_t bytes) -> void* {
-                  void* p = nullptr;
-                  return cudaHostAlloc(&p, bytes, cudaHostAllocPortable) == cudaSuccess ? p : nullptr;
-                },
-                [](void* p) { BAM_CUDA_LOG(cudaFreeHost(p)); }) {}
+        engine_(
+            std::move(m), max_qid, threads, std::span<std::uint32_t>(doorbells_.get(), doorbells_.size()),
+            [] { return std::make_unique<cuda_copier>(); },
+            [](std::size_t bytes) -> void* {
+              void* p = nullptr;
+              return cudaHostAlloc(&p, bytes, cudaHostAllocPortable) == cudaSuccess ? p : nullptr;
+            },
+            [](void* p) { BAM_CUDA_LOG(cudaFreeHost(p)); }) {}
   client_engine& engine() { return engine_; }
   nvme::status queue_created(const queue_info& q) override { return engine_.queue_created(q); }
   void queue_deleted(std::uint16_t sqid) override { engine_.queue_deleted(sqid); }
@@ -137,35 +140,6 @@ public:
 private:
   pinned_buffer<std::uint32_t> doorbells_; // destroyed after the engine's threads stop
   client_engine engine_;
-};
-
-//! Pinned host memory mapped for a controller (queue rings).
-class pinned_region final : public dma_region {
-public:
-  static std::unique_ptr<dma_region> make(transport& t, std::size_t bytes) {
-    const std::size_t size = transport::round_up(bytes);
-    void* raw = nullptr; // cudaHostAlloc does not promise 4 KiB alignment for small sizes
-    BAM_CUDA_TRY(cudaHostAlloc(&raw, size + dma_page_size, cudaHostAllocMapped | cudaHostAllocPortable));
-    void* p = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(raw) + dma_page_size - 1) / dma_page_size *
-                                      dma_page_size);
-    std::memset(p, 0, size);
-    try {
-      return std::unique_ptr<dma_region>(new pinned_region(t.map(p, size, memory_kind::host), raw));
-    } catch (...) {
-      cudaFreeHost(raw);
-      throw;
-    }
-  }
-  ~pinned_region() override {
-    mapping_.reset();
-    BAM_CUDA_LOG(cudaFreeHost(raw_));
-  }
-
-private:
-  pinned_region(std::unique_ptr<dma_region> m, void* raw)
-      : dma_region(m->data(), m->size(), m->kind(), m->page_bus()), mapping_(std::move(m)), raw_(raw) {}
-  std::unique_ptr<dma_region> mapping_;
-  void* raw_;
 };
 
 } // namespace detail
@@ -212,14 +186,30 @@ inline std::shared_ptr<io_engine> make_client_engine(std::shared_ptr<media> m, s
   return std::make_shared<detail::client_engine_owner>(std::move(m), max_qid, threads);
 }
 
-//! Controller options for this engine: rings in pinned, GPU-mapped host
-//! memory; submitter state in GPU memory; GPU doorbells.
-inline controller_options client_queue_options(controller_options o) {
-  o.ring_alloc = [](transport& t, std::size_t bytes) { return detail::pinned_region::make(t, bytes); };
-  o.state_alloc = [](std::size_t bytes) { return bam::detail::alloc_queue_state(bytes); };
-  o.state_free = [](void* p) { BAM_CUDA_LOG(cudaFree(p)); };
-  o.device_doorbells = true;
-  return o;
+namespace detail {
+
+//! `emu:` for GPU submitters: software controllers served by the CPU engine,
+//! queue rings in pinned host memory.
+inline gpu_transports open_client_engine_controllers(const device_spec& spec) {
+  gpu_transports g;
+  for (std::uint32_t i = 0; i < spec.ssds; ++i) {
+    std::shared_ptr<media> m = open_media(spec, i);
+    auto engine = make_client_engine(m, spec.io_queues, spec.threads);
+    controller_config cc = config_for(spec, i, m);
+    cc.mdts = 5; // the engine's bounce buffers: 128 KiB per command
+    cc.identity_dma = true;
+    cc.io_engine = engine;
+    g.controllers.push_back(make_emulated_controller(std::move(cc)));
+  }
+  g.rings = queue_ring_memory::pinned_host;
+  g.description =
+      std::string("emu (software controller, CPU engine for GPU clients, media ") + media_name(spec.media) + ")";
+  return g;
 }
+
+} // namespace detail
+
+inline const bool client_engine_registered =
+    register_gpu_transport(device_kind::emu_cpu, &detail::open_client_engine_controllers);
 
 } // namespace bam::emu

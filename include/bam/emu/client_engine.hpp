@@ -20,7 +20,8 @@
 //!
 //! @code
 //!   auto engine = bam::emu::make_client_engine(media, 512, 128, 4);   // client_engine.cuh
-//!   // cfg.io_engine = engine; bam::controller c(ctrl, bam::emu::client_queue_options({}));
+//!   // cfg.io_engine = engine; bam::storage puts the queue rings in pinned host memory
+//!   // (the engine registers itself with queue_ring_memory::pinned_host)
 //! @endcode
 #pragma once
 
@@ -71,7 +72,8 @@ public:
   //! `make_copier` is called once per thread.
   client_engine(std::shared_ptr<media> m, std::uint32_t max_qid, std::uint32_t threads,
                 std::span<std::uint32_t> doorbells, std::function<std::unique_ptr<gpu_copier>()> make_copier,
-                std::function<void*(std::size_t)> alloc_bounce = nullptr, std::function<void(void*)> free_bounce = nullptr)
+                std::function<void*(std::size_t)> alloc_bounce = nullptr,
+                std::function<void(void*)> free_bounce = nullptr)
       : media_(std::move(m)), max_qid_(max_qid), doorbells_(doorbells), free_bounce_(std::move(free_bounce)) {
     if (doorbells_.size() < 2 * (static_cast<std::size_t>(max_qid) + 1))
       throw error("CPU engine for GPU clients: too few doorbell words for " + std::to_string(max_qid) + " queues");
@@ -80,7 +82,8 @@ public:
       auto w = std::make_unique<worker>();
       w->copier = make_copier();
       const std::size_t bytes = batch * max_transfer;
-      w->bounce = static_cast<std::uint8_t*>(alloc_bounce ? alloc_bounce(bytes) : std::aligned_alloc(dma_page_size, bytes));
+      w->bounce =
+          static_cast<std::uint8_t*>(alloc_bounce ? alloc_bounce(bytes) : std::aligned_alloc(dma_page_size, bytes));
       if (w->bounce == nullptr) throw error("CPU engine for GPU clients: no memory for bounce buffers");
       workers_.push_back(std::move(w));
     }
@@ -95,8 +98,10 @@ public:
     stop_.store(true, std::memory_order_release);
     for (auto& w : workers_) {
       w->thread.join();
-      if (free_bounce_) free_bounce_(w->bounce);
-      else std::free(w->bounce);
+      if (free_bounce_)
+        free_bounce_(w->bounce);
+      else
+        std::free(w->bounce);
     }
   }
   client_engine(const client_engine&) = delete;
@@ -138,7 +143,8 @@ public:
     return doorbells_.data() + idx; // pinned and mapped: the same address on the GPU (UVA)
   }
   void attached(std::uint32_t dstrd) override {
-    if (dstrd != 0) throw error("CPU engine for GPU clients: doorbell stride 0 only (CAP.DSTRD " + std::to_string(dstrd) + ")");
+    if (dstrd != 0)
+      throw error("CPU engine for GPU clients: doorbell stride 0 only (CAP.DSTRD " + std::to_string(dstrd) + ")");
   }
 
 private:
@@ -172,7 +178,9 @@ private:
   static std::uint32_t load(const std::uint32_t& w) {
     return std::atomic_ref<std::uint32_t>(const_cast<std::uint32_t&>(w)).load(std::memory_order_acquire);
   }
-  static void store(std::uint32_t& w, std::uint32_t v) { std::atomic_ref<std::uint32_t>(w).store(v, std::memory_order_release); }
+  static void store(std::uint32_t& w, std::uint32_t v) {
+    std::atomic_ref<std::uint32_t>(w).store(v, std::memory_order_release);
+  }
 
   //! The executor's backend: blocks on the media, data through the bounce
   //! buffer and the copier; PRP lists are read out of GPU memory.
@@ -194,7 +202,8 @@ private:
       std::uint64_t done = 0;
       bool queued = true;
       const nvme::status st = nvme::walk_prp(
-          cmd.prp1, cmd.prp2, bytes, dma_page_size, [&](std::uint64_t bus, std::uint64_t* d, std::size_t n) { return read_list(bus, d, n); },
+          cmd.prp1, cmd.prp2, bytes, dma_page_size,
+          [&](std::uint64_t bus, std::uint64_t* d, std::size_t n) { return read_list(bus, d, n); },
           [&](std::uint64_t bus, std::uint64_t len) {
             queued = queued && copier->to_gpu(bus, p->bounce + done, len);
             done += len;
@@ -290,9 +299,11 @@ private:
           if (!work.empty()) {
             progressed = true;
             // Data to be written leaves GPU memory first.
-            for (auto& p : work) stage_write(p, *w.copier);
+            for (auto& p : work)
+              stage_write(p, *w.copier);
             if (!w.copier->wait())
-              for (auto& p : work) p.staged_ok = false;
+              for (auto& p : work)
+                p.staged_ok = false;
             // Execute; read data is queued towards GPU memory.
             for (auto& p : work) {
               backend be{this, &p, w.copier.get()};
@@ -316,8 +327,10 @@ private:
         idle = 0;
         continue;
       }
-      if (++idle > 256) std::this_thread::sleep_for(std::chrono::microseconds(5));
-      else std::this_thread::yield();
+      if (++idle > 256)
+        std::this_thread::sleep_for(std::chrono::microseconds(5));
+      else
+        std::this_thread::yield();
     }
   }
 

@@ -81,8 +81,7 @@ public:
     for (auto& wp : workers_) {
       worker& w = *wp;
       std::lock_guard lock(w.mutex);
-      auto it = std::find_if(w.sqs.begin(), w.sqs.end(),
-                             [&](const auto& s) { return s->info.qid == sqid; });
+      auto it = std::find_if(w.sqs.begin(), w.sqs.end(), [&](const auto& s) { return s->info.qid == sqid; });
       if (it == w.sqs.end()) continue;
       sq_runtime* sq = it->get();
       // Commands already executed and waiting out a delay complete now; their slots are reserved.
@@ -107,7 +106,6 @@ public:
     }
   }
 
-
 private:
   struct sq_runtime {
     queue_info info;
@@ -130,8 +128,7 @@ private:
   static void post_reserved(const pending_completion& p) {
     cq_state& cq = *p.sq->info.cq;
     --cq.promised;
-    detail::post_completion(cq, p.sq->info.qid, static_cast<std::uint16_t>(p.sq->head), p.cid,
-                            p.status, p.dw0);
+    detail::post_completion(cq, p.sq->info.qid, static_cast<std::uint16_t>(p.sq->head), p.cid, p.status, p.dw0);
   }
 
   void run(worker& w) {
@@ -155,8 +152,8 @@ private:
       if (next_due != UINT64_MAX) {
         const std::uint64_t now = bam::detail::now_ns();
         if (next_due > now)
-          nap = std::min(nap, std::chrono::duration_cast<std::chrono::microseconds>(
-                                  std::chrono::nanoseconds(next_due - now)));
+          nap = std::min(
+              nap, std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::nanoseconds(next_due - now)));
         else
           nap = std::chrono::microseconds(0);
       }
@@ -186,8 +183,7 @@ private:
       const std::uint32_t tail = detail::load_doorbell(q.sq_tail_doorbell);
       if (tail >= q.sq_depth) continue; // invalid doorbell value: ignored
       cq_state& cq = *q.cq;
-      for (std::uint32_t budget = detail::fetch_budget_per_pass; budget > 0 && sq.head != tail;
-           --budget) {
+      for (std::uint32_t budget = detail::fetch_budget_per_pass; budget > 0 && sq.head != tail; --budget) {
         if (detail::cq_free_slots(cq) == 0) break; // full CQ: wait for the host
         const nvme::command cmd = q.sq[sq.head];
         sq.head = (sq.head + 1) % q.sq_depth;
@@ -201,8 +197,7 @@ private:
           next_due = std::min(next_due, now + out.delay_ns);
           continue;
         }
-        detail::post_completion(cq, q.qid, static_cast<std::uint16_t>(sq.head), cmd.cid, out.status,
-                                out.dw0);
+        detail::post_completion(cq, q.qid, static_cast<std::uint16_t>(sq.head), cmd.cid, out.status, out.dw0);
       }
     }
     return progressed;

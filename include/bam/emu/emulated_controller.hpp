@@ -19,7 +19,7 @@
 //! @code
 //!   bam::emu::controller_config cfg;
 //!   cfg.namespaces.push_back({.blocks = 1 << 20, .lba_size = 512});   // 512 MiB of RAM
-//!   auto ctrl = bam::emu::make_controller(cfg);
+//!   auto ctrl = bam::emu::make_emulated_controller(cfg);
 //!   ctrl->write32(bam::nvme::reg::aqa, ...);            // bring-up as on hardware
 //!   auto* db = ctrl->doorbell(bam::nvme::sq_doorbell_offset(0, 0));
 //!   ctrl->faults().set_global_latency_ns(80'000);       // an SSD-like 80 us
@@ -86,7 +86,7 @@ struct controller_counters {
   std::uint64_t host_writes;        //!< write commands completed
   std::uint64_t media_errors;
   std::uint64_t error_log_entries;
-  std::uint64_t flushes;            //!< Flush commands completed
+  std::uint64_t flushes; //!< Flush commands completed
 };
 
 namespace detail {
@@ -126,7 +126,6 @@ inline constexpr std::uint16_t reported_temperature_k = 313;
 //! Largest number of a 0-based queue count field in Number of Queues.
 inline constexpr std::uint32_t num_queues_field_max = 0xfffe;
 
-
 //! Copy `text` into a fixed, space-padded ASCII field.
 inline void set_ascii(char* field, std::size_t n, const std::string& text) {
   std::memset(field, ' ', n);
@@ -140,7 +139,7 @@ inline void set_u128(std::uint8_t* field, std::uint64_t v) {
 
 } // namespace detail
 
-//! The software NVMe controller. Create it with `make_controller`.
+//! The software NVMe controller. Create it with `make_emulated_controller`.
 class emulated_controller : public transport {
 public:
   explicit emulated_controller(controller_config cfg)
@@ -159,8 +158,7 @@ public:
     target_.counters = &nvm_counters_;
     target_.faults = faults_.table();
     doorbell_stride_ = 4u << cfg_.dstrd;
-    const std::size_t db_bytes =
-        static_cast<std::size_t>(2) * (cfg_.max_io_queues + 1) * doorbell_stride_;
+    const std::size_t db_bytes = static_cast<std::size_t>(2) * (cfg_.max_io_queues + 1) * doorbell_stride_;
     regs_bytes_ = transport::round_up(nvme::reg::doorbell_base + db_bytes);
     regs_.reset(static_cast<std::uint32_t*>(std::aligned_alloc(dma_page_size, regs_bytes_)));
     if (!regs_) throw_errno("allocating the register file", ENOMEM, cfg_.name);
@@ -317,8 +315,8 @@ public:
     h.media_errors = ld(nvm_counters_.media_errors);
     h.flushes = ld(nvm_counters_.flushes);
     const nvm_counters e = io_engine_->counters();
-    return {h.units_read + e.units_read,     h.units_written + e.units_written, h.host_reads + e.host_reads,
-            h.host_writes + e.host_writes,   h.media_errors + e.media_errors,   error_count_.load(),
+    return {h.units_read + e.units_read,   h.units_written + e.units_written, h.host_reads + e.host_reads,
+            h.host_writes + e.host_writes, h.media_errors + e.media_errors,   error_count_.load(),
             h.flushes + e.flushes};
   }
   std::uint32_t namespace_count() const { return static_cast<std::uint32_t>(ns_.size()); }
@@ -441,8 +439,8 @@ private:
       if (n.lba_size < 512 || n.lba_size > 65536 || !std::has_single_bit(n.lba_size))
         config_error(which + ": lba_size must be a power of two, 512..65536");
       if (n.backing && n.backing->size() / n.lba_size < n.blocks)
-        config_error(which + ": media " + n.backing->describe() + " is smaller than " +
-                     std::to_string(n.blocks) + " blocks of " + std::to_string(n.lba_size));
+        config_error(which + ": media " + n.backing->describe() + " is smaller than " + std::to_string(n.blocks) +
+                     " blocks of " + std::to_string(n.lba_size));
     }
   }
 
@@ -492,9 +490,8 @@ private:
     const std::uint32_t acq_entries = aqa_.bits.acqs + 1;
     void* sq = nullptr;
     void* cq = nullptr;
-    const bool ok = cc.bits.iosqes == nvme::sq_entry_log2 &&
-                    cc.bits.iocqes == nvme::cq_entry_log2 && cc.bits.mps == 0 && cc.bits.css == 0 &&
-                    cc.bits.ams == 0 && asq_entries >= 2 && acq_entries >= 2 &&
+    const bool ok = cc.bits.iosqes == nvme::sq_entry_log2 && cc.bits.iocqes == nvme::cq_entry_log2 &&
+                    cc.bits.mps == 0 && cc.bits.css == 0 && cc.bits.ams == 0 && asq_entries >= 2 && acq_entries >= 2 &&
                     asq_ % dma_page_size == 0 && acq_ % dma_page_size == 0 &&
                     (sq = dma_->translate(asq_, asq_entries * sizeof(nvme::command))) != nullptr &&
                     (cq = dma_->translate(acq_, acq_entries * sizeof(nvme::completion))) != nullptr;
@@ -566,8 +563,7 @@ private:
     auto segment = [&](std::uint64_t bus, std::uint64_t len) {
       void* p = dma_->translate(bus, len);
       if (p == nullptr) return false;
-      if (!segs.empty() &&
-          static_cast<unsigned char*>(segs.back().iov_base) + segs.back().iov_len == p)
+      if (!segs.empty() && static_cast<unsigned char*>(segs.back().iov_base) + segs.back().iov_len == p)
         segs.back().iov_len += len; // contiguous in virtual memory too: merge
       else
         segs.push_back({p, len});
@@ -653,15 +649,15 @@ private:
 };
 
 //! Create a software controller.
-inline std::shared_ptr<emulated_controller> make_controller(controller_config cfg) {
+inline std::shared_ptr<emulated_controller> make_emulated_controller(controller_config cfg) {
   return std::make_shared<emulated_controller>(std::move(cfg));
 }
 
 //! A controller with one RAM namespace of `bytes` bytes (rounded down to whole blocks).
 inline std::shared_ptr<emulated_controller>
-make_ram_controller(std::uint64_t bytes, std::uint32_t lba_size = 512, controller_config cfg = {}) {
+make_ram_emulated_controller(std::uint64_t bytes, std::uint32_t lba_size = 512, controller_config cfg = {}) {
   cfg.namespaces.push_back({bytes / lba_size, lba_size, nullptr});
-  return make_controller(std::move(cfg));
+  return make_emulated_controller(std::move(cfg));
 }
 
 } // namespace bam::emu

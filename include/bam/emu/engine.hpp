@@ -59,15 +59,15 @@ struct nvm_counters {
   std::uint64_t host_reads;    //!< read commands completed
   std::uint64_t host_writes;   //!< write commands completed
   std::uint64_t media_errors;
-  std::uint64_t flushes;       //!< Flush commands completed
+  std::uint64_t flushes; //!< Flush commands completed
 };
 
 //! Write completion `v` (virtual: slot `v % depth`, phase from `v / depth`)
 //! into a CQ ring: dwords 0..2, then dword 3 with a release store in `scope`
 //! (the consumer's). The one completion writer of every engine.
-BAM_HD inline void write_completion(nvme::completion* ring, std::uint32_t depth, std::uint64_t v,
-                                    std::uint16_t sq_head, std::uint16_t sqid, std::uint16_t cid, nvme::status st,
-                                    std::uint32_t dw0, nvme::memory_scope scope) {
+BAM_HD inline void write_completion(nvme::completion* ring, std::uint32_t depth, std::uint64_t v, std::uint16_t sq_head,
+                                    std::uint16_t sqid, std::uint16_t cid, nvme::status st, std::uint32_t dw0,
+                                    nvme::memory_scope scope) {
   nvme::completion* e = &ring[v % depth];
   const std::uint32_t phase = ((v / depth) & 1) ? 0u : 1u;
   nvme::cqe_dw2 d2{};
@@ -172,8 +172,8 @@ inline std::uint32_t cq_free_slots(cq_state& cq) {
 }
 
 //! Post one completion on a host-served CQ. The caller checked for room.
-inline void post_completion(cq_state& cq, std::uint16_t sqid, std::uint16_t sq_head, std::uint16_t cid,
-                            nvme::status st, std::uint32_t dw0) {
+inline void post_completion(cq_state& cq, std::uint16_t sqid, std::uint16_t sq_head, std::uint16_t cid, nvme::status st,
+                            std::uint32_t dw0) {
   write_completion(cq.ring, cq.depth, cq.tail++, sq_head, sqid, cid, st, dw0, nvme::memory_scope::system);
 }
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 //! A file as a namespace, read from the raw disk under it: byte `x` of the
 //! namespace is byte `x` of the file, found on the disk through the file's
-//! extent map (bam/extent_map.hpp), holes (when the map allows them) read as
+//! extent map (bam/file/extent_map.hpp), holes (when the map allows them) read as
 //! zeroes, and so does the namespace past the file's end (up to a multiple
 //! of 64 KiB). Read-only: writes are answered Namespace is Write Protected.
 //!
@@ -15,7 +15,7 @@
 #pragma once
 
 #include <bam/emu/media.hpp>
-#include <bam/extent_map.hpp>
+#include <bam/file/extent_map.hpp>
 
 #include <sys/stat.h>
 
@@ -55,8 +55,8 @@ public:
     if (int err = check_fresh()) return err;
     const std::uint64_t lbs = std::uint64_t{1} << ref_.lba_shift;
     std::vector<iovec> piece;
-    std::size_t seg = 0;      // segment holding the next byte
-    std::uint64_t into = 0;   // bytes of it already filled
+    std::size_t seg = 0;    // segment holding the next byte
+    std::uint64_t into = 0; // bytes of it already filled
     for (std::uint64_t pos = offset; pos < offset + len;) {
       const std::uint64_t block = pos / lbs;
       extent_map_ref::where w = ref_.find(block);
@@ -75,7 +75,8 @@ public:
         }
       }
       if (w.lba == extent_hole) {
-        for (const iovec& v : piece) std::memset(v.iov_base, 0, v.iov_len);
+        for (const iovec& v : piece)
+          std::memset(v.iov_base, 0, v.iov_len);
       } else if (int err = disk_->read(w.lba * lbs + (pos - block * lbs), piece)) {
         return err;
       }
@@ -104,7 +105,7 @@ private:
     if (same) return 0;
     if (!stale_.exchange(true))
       bam::warn(map_.path() + " changed after it was mapped (size, modification time or inode): reads of it " +
-           "fail from now on; open it again");
+                "fail from now on; open it again");
     return ESTALE;
   }
 

@@ -76,8 +76,8 @@ namespace detail {
 //! One rule as the table stores it: plain words, read and written with
 //! atomics (engines read rules while the host changes them).
 struct fault_slot {
-  std::uint32_t in_use;   //!< written last when a rule is added, first when removed
-  std::uint32_t match;    //!< bit 0: admin, bit 1: opcode given, bit 2: qid given
+  std::uint32_t in_use; //!< written last when a rule is added, first when removed
+  std::uint32_t match;  //!< bit 0: admin, bit 1: opcode given, bit 2: qid given
   std::uint32_t opcode;
   std::uint32_t qid;
   std::uint32_t action;
@@ -121,8 +121,8 @@ BAM_HD inline bool carries_lba(std::uint8_t opcode) {
 //! The table engines consult for every command they fetch. Plain data:
 //! lives wherever the engine that reads it runs (host or GPU memory).
 struct fault_table {
-  std::uint32_t rules;   //!< slots in use or used since the last clear (0: fast path)
-  std::uint32_t paused;  //!< 1: the controller stops fetching and completing
+  std::uint32_t rules;             //!< slots in use or used since the last clear (0: fast path)
+  std::uint32_t paused;            //!< 1: the controller stops fetching and completing
   std::uint64_t global_latency_ns; //!< added to every completion
   detail::fault_slot slot[max_fault_rules];
 
@@ -227,15 +227,15 @@ public:
     auto* d = static_cast<unsigned char*>(dst);
     for (std::size_t i = 0; i < bytes;) {
       if (reinterpret_cast<std::uintptr_t>(s + i) % 8 == 0 && bytes - i >= 8) {
-        const std::uint64_t v = cuda::atomic_ref<std::uint64_t, cuda::thread_scope_system>(
-                                    *reinterpret_cast<std::uint64_t*>(s + i))
-                                    .load(cuda::memory_order_relaxed);
+        const std::uint64_t v =
+            cuda::atomic_ref<std::uint64_t, cuda::thread_scope_system>(*reinterpret_cast<std::uint64_t*>(s + i))
+                .load(cuda::memory_order_relaxed);
         std::memcpy(d + i, &v, 8);
         i += 8;
       } else {
-        const std::uint32_t v = cuda::atomic_ref<std::uint32_t, cuda::thread_scope_system>(
-                                    *reinterpret_cast<std::uint32_t*>(s + i))
-                                    .load(cuda::memory_order_relaxed);
+        const std::uint32_t v =
+            cuda::atomic_ref<std::uint32_t, cuda::thread_scope_system>(*reinterpret_cast<std::uint32_t*>(s + i))
+                .load(cuda::memory_order_relaxed);
         std::memcpy(d + i, &v, 4);
         i += 4;
       }
@@ -274,7 +274,8 @@ public:
     std::uint32_t rules = 0;
     mems_.front()->read(offsetof(fault_table, rules), &rules, sizeof rules);
     std::uint32_t i = 0;
-    while (i < rules && ids_[i] != 0) ++i;
+    while (i < rules && ids_[i] != 0)
+      ++i;
     if (i == max_fault_rules)
       throw error("fault injector: at most " + std::to_string(max_fault_rules) + " rules at once");
     detail::fault_slot s{};
@@ -333,8 +334,8 @@ public:
       std::uint64_t total = 0;
       for (const auto& m : mems_) {
         std::uint64_t f = 0;
-        m->read(offsetof(fault_table, slot) + i * sizeof(detail::fault_slot) + offsetof(detail::fault_slot, fired),
-                &f, sizeof f);
+        m->read(offsetof(fault_table, slot) + i * sizeof(detail::fault_slot) + offsetof(detail::fault_slot, fired), &f,
+                sizeof f);
         total += f;
       }
       return total;
@@ -366,7 +367,8 @@ public:
 
 private:
   void write(std::size_t offset, const void* src, std::size_t bytes) {
-    for (auto& m : mems_) m->write(offset, src, bytes);
+    for (auto& m : mems_)
+      m->write(offset, src, bytes);
   }
 
   mutable std::mutex mutex_;

@@ -21,10 +21,12 @@
 #pragma once
 
 #include <bam/cuda.cuh>
+#include <bam/emu/access.hpp>
 #include <bam/emu/engine.hpp>
 #include <bam/emu/gpu_engine_ref.hpp>
 #include <bam/emu/media.hpp>
-#include <bam/media_kind.hpp>
+#include <bam/emu/open.hpp>
+#include <bam/transport/media_kind.hpp>
 #include <bam/transport/transport.hpp>
 
 #include <cuda_runtime.h>
@@ -42,28 +44,27 @@
 namespace bam::emu {
 
 struct gpu_engine_config {
-  media_kind media = media_kind::ram; //!< ram (pinned host memory), hbm or null
-  std::uint64_t bytes = 64ull << 20;  //!< namespace size
-  std::uint32_t lba_size = 512;       //!< bytes per block
-  std::uint32_t max_qid = 256;        //!< highest I/O queue id served
-  std::uint64_t max_transfer_bytes = 2u << 20; //!< the controller's MDTS in bytes
-  std::uint64_t iops = 0;             //!< SSD model: IOPS limit (0: none)
-  std::uint64_t latency_ns = 0;       //!< SSD model: latency per command (0: none)
+  media_kind media = media_kind::ram;                        //!< ram (pinned host memory), hbm or null
+  std::uint64_t bytes = 64ull << 20;                         //!< namespace size
+  std::uint32_t lba_size = 512;                              //!< bytes per block
+  std::uint32_t max_qid = 256;                               //!< highest I/O queue id served
+  std::uint64_t max_transfer_bytes = 2u << 20;               //!< the controller's MDTS in bytes
+  std::uint64_t iops = 0;                                    //!< SSD model: IOPS limit (0: none)
+  std::uint64_t latency_ns = 0;                              //!< SSD model: latency per command (0: none)
   std::uint64_t timeout_ns = nvme::default_queue_timeout_ns; //!< bound of every engine wait
 };
 
 class gpu_engine final : public io_engine {
 public:
   explicit gpu_engine(const gpu_engine_config& cfg) : cfg_(cfg) {
-    if (cfg.lba_size < 512 || !std::has_single_bit(cfg.lba_size) || cfg.bytes % cfg.lba_size != 0 ||
-        cfg.bytes == 0)
+    if (cfg.lba_size < 512 || !std::has_single_bit(cfg.lba_size) || cfg.bytes % cfg.lba_size != 0 || cfg.bytes == 0)
       throw error("GPU engine: the size must be a non-zero multiple of a power-of-two LBA size >= 512 (got " +
                   std::to_string(cfg.bytes) + " bytes, LBA " + std::to_string(cfg.lba_size) + ")");
     if (cfg.media == media_kind::file)
       throw error("GPU engine: file media are served by the CPU engine (emu:file=...)");
     if (cfg.media == media_kind::ram) {
-      BAM_CUDA_TRY(cudaHostAlloc(reinterpret_cast<void**>(&media_), cfg.bytes,
-                                 cudaHostAllocMapped | cudaHostAllocPortable));
+      BAM_CUDA_TRY(
+          cudaHostAlloc(reinterpret_cast<void**>(&media_), cfg.bytes, cudaHostAllocMapped | cudaHostAllocPortable));
       BAM_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&media_dev_), media_, 0));
     } else if (cfg.media == media_kind::hbm) {
       BAM_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&media_), cfg.bytes));
@@ -85,8 +86,10 @@ public:
 
   ~gpu_engine() override {
     if (media_ != nullptr) {
-      if (cfg_.media == media_kind::ram) BAM_CUDA_LOG(cudaFreeHost(media_));
-      else BAM_CUDA_LOG(cudaFree(media_));
+      if (cfg_.media == media_kind::ram)
+        BAM_CUDA_LOG(cudaFreeHost(media_));
+      else
+        BAM_CUDA_LOG(cudaFree(media_));
     }
     if (stream_ != nullptr) BAM_CUDA_LOG(cudaStreamDestroy(stream_));
   }
@@ -189,9 +192,7 @@ public:
   //! Completions are posted out of fetch order and report the count of CQ
   //! entries posted as the SQ head: a safe lower bound, not the fetch position.
   bool exact_sq_head() const override { return false; }
-  device_progress device_progress_hook() const override {
-    return {device_progress::kind::emu_gpu_engine, 0, ref_dev_.get()};
-  }
+  device_progress device_progress_hook() const override { return {gpu_engine_progress_id, 0, ref_dev_.get()}; }
   nvm_counters counters() const override {
     nvm_counters c{};
     copy_to_host(&c, counters_.get(), 1, stream_);
@@ -261,8 +262,10 @@ private:
     int read(std::uint64_t offset, std::span<const iovec> segs) override {
       if (!in_range(offset, detail::total_bytes(segs))) return EINVAL;
       for (const auto& s : segs) {
-        if (e_->cfg_.media == media_kind::null) std::memset(s.iov_base, 0, s.iov_len);
-        else if (!copy(s.iov_base, e_->media_ + offset, s.iov_len)) return EIO;
+        if (e_->cfg_.media == media_kind::null)
+          std::memset(s.iov_base, 0, s.iov_len);
+        else if (!copy(s.iov_base, e_->media_ + offset, s.iov_len))
+          return EIO;
         offset += s.iov_len;
       }
       return 0;
@@ -278,7 +281,8 @@ private:
     int flush() override { return 0; }
     int write_zeroes(std::uint64_t offset, std::uint64_t len) override {
       if (!in_range(offset, len)) return EINVAL;
-      if (e_->cfg_.media == media_kind::ram) std::memset(e_->media_ + offset, 0, len);
+      if (e_->cfg_.media == media_kind::ram)
+        std::memset(e_->media_ + offset, 0, len);
       else if (e_->cfg_.media == media_kind::hbm &&
                (cudaMemsetAsync(e_->media_ + offset, 0, len, e_->stream_) != cudaSuccess ||
                 cudaStreamSynchronize(e_->stream_) != cudaSuccess))
@@ -310,5 +314,50 @@ private:
   std::vector<gpu_engine_queue> host_queues_;
   std::mutex mutex_;
 };
+
+namespace detail {
+
+//! `emu-gpu:` for GPU submitters: software controllers served by the GPU
+//! threads that wait on them (their kernels need the GPU engine's progress
+//! hook: gpu_engine_progress.cuh).
+inline gpu_transports open_gpu_engine_controllers(const device_spec& spec) {
+  gpu_transports g;
+  for (std::uint32_t i = 0; i < spec.ssds; ++i) {
+    gpu_engine_config ec;
+    ec.media = spec.media;
+    ec.bytes = spec.bytes;
+    ec.lba_size = spec.lba_size;
+    ec.max_qid = spec.io_queues;
+    ec.iops = spec.iops;
+    ec.latency_ns = spec.latency_ns;
+    ec.timeout_ns = spec.timeout_ns;
+    constexpr std::uint8_t gpu_engine_mdts = 9; // 2 MiB: what one PRP list page describes
+    ec.max_transfer_bytes = dma_page_size << gpu_engine_mdts;
+    auto engine = std::make_shared<gpu_engine>(ec);
+    controller_config cc = config_for(spec, i, engine->namespace_media(), "emu-gpu");
+    cc.mdts = gpu_engine_mdts;
+    cc.identity_dma = true;
+    cc.io_engine = engine;
+    g.controllers.push_back(make_emulated_controller(std::move(cc)));
+  }
+  g.rings = queue_ring_memory::gpu;
+  g.description = std::string("emu-gpu (software controller, GPU engine, media ") + media_name(spec.media) + ")";
+  return g;
+}
+
+} // namespace detail
+
+//! The GPU engine serving controller `c` (nullptr when another engine serves it).
+inline gpu_engine* gpu_engine_of(const controller& c) {
+  return dynamic_cast<gpu_engine*>(&software_controller(c).engine());
+}
+//! The GPU engine of controller `i` of `s` (a `bam::storage`; nullptr when another engine serves it).
+template <class Storage>
+gpu_engine* gpu_engine_of(const Storage& s, std::uint32_t i) {
+  return gpu_engine_of(s.controller_at(i));
+}
+
+inline const bool gpu_engine_registered =
+    register_gpu_transport(device_kind::emu_gpu, &detail::open_gpu_engine_controllers);
 
 } // namespace bam::emu

@@ -6,7 +6,7 @@
 #pragma once
 
 #include <bam/emu/nvm_executor.hpp>
-#include <bam/media_kind.hpp>
+#include <bam/transport/media_kind.hpp>
 #include <bam/nvme/queue.hpp>
 #include <bam/nvme/spec.hpp>
 
@@ -14,6 +14,10 @@
 #include <type_traits>
 
 namespace bam::emu {
+
+//! The `device_progress::hook` id of the GPU engine: kernels serve its queues
+//! through `serve_gpu_engine` (gpu_engine_progress.cuh).
+inline constexpr std::uint32_t gpu_engine_progress_id = 0x47505545; // "GPUE"
 
 //! Engine-side state of one I/O queue pair (GPU memory, zeroed when created).
 struct gpu_engine_queue {
@@ -33,8 +37,8 @@ struct gpu_engine_queue {
 
 //! The SSD model: an IOPS limit and a latency per command (GPU memory).
 struct gpu_ssd_model {
-  std::uint64_t ns_per_io;  //!< minimum spacing of command starts (0: no IOPS limit)
-  std::uint64_t latency_ns; //!< added latency per command (0: none)
+  std::uint64_t ns_per_io;                  //!< minimum spacing of command starts (0: no IOPS limit)
+  std::uint64_t latency_ns;                 //!< added latency per command (0: none)
   alignas(128) std::uint64_t next_start_ns; //!< token of the IOPS limiter
 };
 
@@ -45,11 +49,11 @@ struct gpu_engine_ref {
   std::uint32_t* doorbells = nullptr; //!< doorbell words, index (offset - 0x1000) / 4
   std::uint32_t dstrd = 0;            //!< CAP.DSTRD of the controller: stride 4 << dstrd bytes
   std::uint32_t max_qid = 0;
-  std::uint8_t* media = nullptr;      //!< device-accessible pointer (ram, hbm); null for null media
+  std::uint8_t* media = nullptr; //!< device-accessible pointer (ram, hbm); null for null media
   std::uint64_t media_bytes = 0;
   media_kind media_is = media_kind::null;
-  std::uint32_t zero = 0;             //!< always 0; the compiler cannot know it (a dependency token)
-  nvm_target target;                  //!< namespace, limits, counters and fault table (GPU memory)
+  std::uint32_t zero = 0; //!< always 0; the compiler cannot know it (a dependency token)
+  nvm_target target;      //!< namespace, limits, counters and fault table (GPU memory)
   gpu_ssd_model* model = nullptr;
   std::uint64_t timeout_ns = nvme::default_queue_timeout_ns; //!< bound of every engine wait
 

@@ -69,9 +69,7 @@ public:
   //! Set `[offset, offset + len)` to zeroes.
   virtual int write_zeroes(std::uint64_t offset, std::uint64_t len) = 0;
   //! Drop `[offset, offset + len)`: it reads back as zeroes afterwards.
-  virtual int deallocate(std::uint64_t offset, std::uint64_t len) {
-    return write_zeroes(offset, len);
-  }
+  virtual int deallocate(std::uint64_t offset, std::uint64_t len) { return write_zeroes(offset, len); }
 
   //! Single-buffer conveniences.
   int read(std::uint64_t offset, void* dst, std::size_t len) {
@@ -145,8 +143,8 @@ inline void gather(unsigned char* dst, std::span<const iovec> segs) {
 inline int posix_io(int fd, bool is_write, std::uint64_t offset, void* buf, std::size_t len) {
   auto* p = static_cast<unsigned char*>(buf);
   while (len > 0) {
-    const ssize_t n = is_write ? ::pwrite(fd, p, len, static_cast<off_t>(offset))
-                               : ::pread(fd, p, len, static_cast<off_t>(offset));
+    const ssize_t n =
+        is_write ? ::pwrite(fd, p, len, static_cast<off_t>(offset)) : ::pread(fd, p, len, static_cast<off_t>(offset));
     if (n < 0) {
       if (errno == EINTR) continue;
       return errno;
@@ -213,8 +211,7 @@ private:
 
 //! One positional transfer through `ring`, looping over short transfers.
 //! Returns 0, an errno, or -1 if io_uring itself failed (use another path).
-inline int uring_io(io_uring* ring, int fd, bool is_write, std::uint64_t offset, void* buf,
-                    std::size_t len) {
+inline int uring_io(io_uring* ring, int fd, bool is_write, std::uint64_t offset, void* buf, std::size_t len) {
   auto* p = static_cast<unsigned char*>(buf);
   while (len > 0) {
     io_uring_sqe* sqe = io_uring_get_sqe(ring);
@@ -259,8 +256,7 @@ public:
       throw error("RAM media needs a non-zero size", c);
     }
     mapped_ = align_up(bytes, media_page_size);
-    void* p = ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* p = ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) throw_errno("mapping " + std::to_string(mapped_) + " bytes of RAM media");
     base_ = static_cast<unsigned char*>(p);
   }
@@ -293,15 +289,12 @@ public:
     if (last <= first) return write_zeroes(offset, len);
     std::memset(base_ + offset, 0, first - offset);
     std::memset(base_ + last, 0, offset + len - last);
-    if (::madvise(base_ + first, last - first, MADV_DONTNEED) != 0)
-      std::memset(base_ + first, 0, last - first);
+    if (::madvise(base_ + first, last - first, MADV_DONTNEED) != 0) std::memset(base_ + first, 0, last - first);
     return 0;
   }
 
 private:
-  bool in_range(std::uint64_t offset, std::uint64_t len) const {
-    return offset <= bytes_ && len <= bytes_ - offset;
-  }
+  bool in_range(std::uint64_t offset, std::uint64_t len) const { return offset <= bytes_ && len <= bytes_ - offset; }
   std::uint64_t bytes_;
   std::uint64_t mapped_;
   unsigned char* base_ = nullptr;
@@ -312,8 +305,8 @@ private:
 //! (the controller answers Namespace is Write Protected).
 class fd_media final : public media {
 public:
-  fd_media(const std::string& path, std::uint64_t bytes, bool create, bool block_device,
-           bool direct, bool read_only = false)
+  fd_media(const std::string& path, std::uint64_t bytes, bool create, bool block_device, bool direct,
+           bool read_only = false)
       : path_(path), block_(block_device), read_only_(read_only) {
     if (read_only) create = false;
     const int flags = (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC | (create ? O_CREAT : 0);
@@ -332,8 +325,7 @@ public:
         if (::ioctl(buffered_fd_, BLKGETSIZE64, &dev_bytes) != 0)
           throw_errno("reading the size of block device " + path);
         int lbs = 0;
-        if (::ioctl(buffered_fd_, BLKSSZGET, &lbs) == 0 && lbs > 0)
-          align_ = static_cast<std::size_t>(lbs);
+        if (::ioctl(buffered_fd_, BLKSSZGET, &lbs) == 0 && lbs > 0) align_ = static_cast<std::size_t>(lbs);
         bytes_ = bytes != 0 ? std::min(bytes, dev_bytes) : dev_bytes;
       } else {
         if (!S_ISREG(st.st_mode)) {
@@ -380,9 +372,7 @@ public:
     return (block_ ? "block device " : "file ") + path_ + " (" + how + (read_only_ ? ", read-only" : "") + ")";
   }
   //! True while I/O goes through O_DIRECT.
-  bool direct_usable() const {
-    return direct_fd_ >= 0 && !direct_refused_.load(std::memory_order_relaxed);
-  }
+  bool direct_usable() const { return direct_fd_ >= 0 && !direct_refused_.load(std::memory_order_relaxed); }
 
   int read(std::uint64_t offset, std::span<const iovec> segs) override {
     const std::size_t len = total_bytes(segs);
@@ -429,8 +419,7 @@ public:
         // write to those blocks lands between our read and our write.
         std::unique_lock lock(rmw_mutex_);
         err = direct_io(false, lo, bounce, align_);
-        if (err == 0 && hi - lo > align_)
-          err = direct_io(false, hi - align_, bounce + (hi - lo - align_), align_);
+        if (err == 0 && hi - lo > align_) err = direct_io(false, hi - align_, bounce + (hi - lo - align_), align_);
         if (err == 0) {
           gather(bounce + (offset - lo), segs);
           err = direct_io(true, lo, bounce, hi - lo);
@@ -456,11 +445,9 @@ public:
     std::unique_lock lock(rmw_mutex_);
     if (block_) {
       std::uint64_t range[2] = {offset, len};
-      if (offset % align_ == 0 && len % align_ == 0 &&
-          ::ioctl(buffered_fd_, BLKZEROOUT, range) == 0)
-        return 0;
-    } else if (::fallocate(buffered_fd_, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE,
-                           static_cast<off_t>(offset), static_cast<off_t>(len)) == 0) {
+      if (offset % align_ == 0 && len % align_ == 0 && ::ioctl(buffered_fd_, BLKZEROOUT, range) == 0) return 0;
+    } else if (::fallocate(buffered_fd_, FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                           static_cast<off_t>(len)) == 0) {
       return 0;
     }
     return write_zero_bytes(offset, len);
@@ -472,8 +459,8 @@ public:
     if (len == 0) return 0;
     if (!block_) {
       std::unique_lock lock(rmw_mutex_);
-      if (::fallocate(buffered_fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                      static_cast<off_t>(offset), static_cast<off_t>(len)) == 0)
+      if (::fallocate(buffered_fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                      static_cast<off_t>(len)) == 0)
         return 0;
     }
     // A discarded block-device range need not read back as zeroes: zero it.
@@ -481,9 +468,7 @@ public:
   }
 
 private:
-  bool in_range(std::uint64_t offset, std::uint64_t len) const {
-    return offset <= bytes_ && len <= bytes_ - offset;
-  }
+  bool in_range(std::uint64_t offset, std::uint64_t len) const { return offset <= bytes_ && len <= bytes_ - offset; }
 
   //! An aligned transfer on the O_DIRECT descriptor.
   int direct_io(bool is_write, std::uint64_t offset, void* buf, std::size_t len) {
@@ -505,9 +490,7 @@ private:
     static const std::vector<unsigned char> zeroes(zero_chunk_bytes, 0);
     while (len > 0) {
       const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(len, zeroes.size()));
-      if (int err =
-              posix_io(buffered_fd_, true, offset, const_cast<unsigned char*>(zeroes.data()), n))
-        return err;
+      if (int err = posix_io(buffered_fd_, true, offset, const_cast<unsigned char*>(zeroes.data()), n)) return err;
       offset += n;
       len -= n;
     }
@@ -533,23 +516,21 @@ private:
 } // namespace detail
 
 //! RAM media of `bytes` bytes, zero-filled.
-inline std::shared_ptr<media> make_ram_media(std::uint64_t bytes) {
-  return std::make_shared<detail::ram_media>(bytes);
-}
+inline std::shared_ptr<media> make_ram_media(std::uint64_t bytes) { return std::make_shared<detail::ram_media>(bytes); }
 
 //! A regular file of `bytes` bytes (0: the file's current size). With
 //! `create`, the file is created if missing; it is extended to `bytes`
 //! (rounded up to 4 KiB). `direct = false` skips O_DIRECT (page-cache I/O).
 //! `read_only`: opened O_RDONLY, never created or extended, writes refused.
-inline std::shared_ptr<media> make_file_media(const std::string& path, std::uint64_t bytes,
-                                              bool create = true, bool direct = true, bool read_only = false) {
+inline std::shared_ptr<media> make_file_media(const std::string& path, std::uint64_t bytes, bool create = true,
+                                              bool direct = true, bool read_only = false) {
   return std::make_shared<detail::fd_media>(path, bytes, create, false, direct, read_only);
 }
 
 //! A block device, all of it (or its first `bytes` bytes). Its data is
 //! overwritten by writes, unless `read_only`.
-inline std::shared_ptr<media> make_block_media(const std::string& path, std::uint64_t bytes = 0,
-                                               bool direct = true, bool read_only = false) {
+inline std::shared_ptr<media> make_block_media(const std::string& path, std::uint64_t bytes = 0, bool direct = true,
+                                               bool read_only = false) {
   return std::make_shared<detail::fd_media>(path, bytes, false, true, direct, read_only);
 }
 

@@ -65,8 +65,9 @@ BAM_HD constexpr nvme::status read_error() { return media_error(nvme::media_stat
 BAM_HD constexpr nvme::status write_fault() { return media_error(nvme::media_status::write_fault); }
 //! The status of a write the media refused with `err` (an errno): read-only media is a write-protected namespace.
 BAM_HD constexpr nvme::status write_status(int err) {
-  return err == 0 ? nvme::status{}
-                  : err == 30 /* EROFS */ ? generic(nvme::generic_status::namespace_write_protected) : write_fault();
+  return err == 0                ? nvme::status{}
+         : err == 30 /* EROFS */ ? generic(nvme::generic_status::namespace_write_protected)
+                                 : write_fault();
 }
 
 BAM_HD inline void count(nvm_counters* c, std::uint64_t nvm_counters::*field, std::uint64_t n) {
@@ -104,8 +105,10 @@ BAM_HD nvme::status execute_nvm(const nvme::command& cmd, const nvm_target& t, B
   if (flags.bits.fuse != 0 || flags.bits.psdt != 0) return generic(gs::invalid_field); // no fused commands, no SGLs
   if (static_cast<op>(cmd.opcode) == op::flush && cmd.nsid == detail::nsid_broadcast) {
     const nvme::status st = be.flush(0);
-    if (st.ok()) detail::count(t.counters, &nvm_counters::flushes, 1);
-    else detail::count(t.counters, &nvm_counters::media_errors, 1);
+    if (st.ok())
+      detail::count(t.counters, &nvm_counters::flushes, 1);
+    else
+      detail::count(t.counters, &nvm_counters::media_errors, 1);
     return st;
   }
   if (cmd.nsid == 0 || cmd.nsid > t.ns_count) return generic(gs::invalid_namespace);
@@ -113,8 +116,10 @@ BAM_HD nvme::status execute_nvm(const nvme::command& cmd, const nvm_target& t, B
   switch (static_cast<op>(cmd.opcode)) {
   case op::flush: {
     const nvme::status st = be.flush(cmd.nsid);
-    if (st.ok()) detail::count(t.counters, &nvm_counters::flushes, 1);
-    else detail::count(t.counters, &nvm_counters::media_errors, 1);
+    if (st.ok())
+      detail::count(t.counters, &nvm_counters::flushes, 1);
+    else
+      detail::count(t.counters, &nvm_counters::media_errors, 1);
     return st;
   }
   case op::read:
@@ -169,8 +174,8 @@ BAM_HD nvme::status execute_nvm(const nvme::command& cmd, const nvm_target& t, B
           if (pass == 0) {
             if (!detail::lba_range_ok(ns, r[k].slba, r[k].nblocks)) return generic(gs::lba_out_of_range);
           } else {
-            const nvme::status zs = be.zero(cmd.nsid, r[k].slba << ns.lba_shift,
-                                            std::uint64_t{r[k].nblocks} << ns.lba_shift, true);
+            const nvme::status zs =
+                be.zero(cmd.nsid, r[k].slba << ns.lba_shift, std::uint64_t{r[k].nblocks} << ns.lba_shift, true);
             if (!zs.ok()) {
               detail::count(t.counters, &nvm_counters::media_errors, 1);
               return zs;

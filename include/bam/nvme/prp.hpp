@@ -26,7 +26,7 @@ struct prp_pair {
 //! List pages a caller must provide for a transfer touching `pages` memory pages.
 BAM_HD constexpr std::size_t prp_list_pages_needed(std::size_t pages, std::size_t page_size) {
   if (pages <= 2) return 0;
-  const std::size_t entries = pages - 1;                      // all but the first page
+  const std::size_t entries = pages - 1;                        // all but the first page
   const std::size_t per_page = prp_entries_per_page(page_size); // last one may chain
   if (entries <= per_page) return 1;
   // Every full page but the last gives up one entry to the chain pointer.
@@ -43,9 +43,8 @@ static_assert(prp_list_pages_needed(514, 4096) == 2);
 //! list page i. Returns false if the arguments cannot describe the transfer
 //! (too few list pages, misaligned offset, zero length).
 BAM_HD inline bool build_prp(const std::uint64_t* page_bus, std::uint64_t offset, std::uint64_t bytes,
-                             std::uint64_t page_size, std::uint64_t* const* list_virt,
-                             const std::uint64_t* list_bus, std::size_t list_pages,
-                             prp_pair& out) {
+                             std::uint64_t page_size, std::uint64_t* const* list_virt, const std::uint64_t* list_bus,
+                             std::size_t list_pages, prp_pair& out) {
   if (bytes == 0 || !prp_offset_valid(offset)) return false;
   const std::uint64_t first_page = offset / page_size;
   const std::uint64_t in_page = offset % page_size;
@@ -79,8 +78,8 @@ BAM_HD inline bool build_prp(const std::uint64_t* page_bus, std::uint64_t offset
 //! Returns a status: success, `invalid_prp_offset`, or `data_transfer_error`.
 BAM_EXEC_CHECK_DISABLE
 template <class ReadList, class Segment>
-BAM_HD status walk_prp(std::uint64_t prp1, std::uint64_t prp2, std::uint64_t bytes,
-                       std::uint64_t page_size, ReadList&& read_list, Segment&& segment) {
+BAM_HD status walk_prp(std::uint64_t prp1, std::uint64_t prp2, std::uint64_t bytes, std::uint64_t page_size,
+                       ReadList&& read_list, Segment&& segment) {
   const status bad_offset{status_type::generic, generic_status::invalid_prp_offset, true};
   const status transfer_error{status_type::generic, generic_status::data_transfer_error, true};
   if (bytes == 0) return status();

@@ -190,8 +190,7 @@ inline constexpr std::uint64_t default_queue_timeout_ns = 10'000'000'000ull;
 
 //! Bytes of submitter-side state for a queue of `sq_depth` entries (zero-fill to initialize).
 BAM_HD constexpr std::size_t queue_state_bytes(std::uint32_t sq_depth) {
-  return sizeof(detail::queue_counters) + sizeof(std::uint64_t) * sq_depth +
-         sizeof(detail::cid_state) * (sq_depth - 1);
+  return sizeof(detail::queue_counters) + sizeof(std::uint64_t) * sq_depth + sizeof(detail::cid_state) * (sq_depth - 1);
 }
 //! Alignment the submitter-side state needs.
 inline constexpr std::size_t queue_state_alignment = alignof(detail::queue_counters);
@@ -199,8 +198,8 @@ inline constexpr std::size_t queue_state_alignment = alignof(detail::queue_count
 //! A trivially copyable handle to one I/O (or admin) queue pair. The memory it
 //! points at is owned elsewhere (the controller driver).
 struct queue_pair_ref {
-  command* sq = nullptr;                      //!< SQ ring, sq_depth entries
-  completion* cq = nullptr;                   //!< CQ ring, cq_depth entries
+  command* sq = nullptr;    //!< SQ ring, sq_depth entries
+  completion* cq = nullptr; //!< CQ ring, cq_depth entries
   volatile std::uint32_t* sq_doorbell = nullptr;
   volatile std::uint32_t* cq_doorbell = nullptr;
   detail::queue_counters* counters = nullptr; //!< start of the state block
@@ -225,8 +224,8 @@ struct queue_pair_ref {
     auto* base = static_cast<unsigned char*>(state);
     counters = reinterpret_cast<detail::queue_counters*>(base);
     ready = reinterpret_cast<std::uint64_t*>(base + sizeof(detail::queue_counters));
-    cids = reinterpret_cast<detail::cid_state*>(base + sizeof(detail::queue_counters) +
-                                                sizeof(std::uint64_t) * sq_depth);
+    cids =
+        reinterpret_cast<detail::cid_state*>(base + sizeof(detail::queue_counters) + sizeof(std::uint64_t) * sq_depth);
     ncids = sq_depth - 1;
   }
 
@@ -304,7 +303,8 @@ struct queue_pair_ref {
       if (lock.exchange(1, detail::poll_order()) != 0) return;
       std::uint64_t tail = tail_ref.load(cuda::memory_order_relaxed);
       const std::uint64_t start = tail;
-      while (device_atomic<std::uint64_t>(ready[tail % sq_depth]).load(detail::poll_order()) == tail + 1) ++tail;
+      while (device_atomic<std::uint64_t>(ready[tail % sq_depth]).load(detail::poll_order()) == tail + 1)
+        ++tail;
       detail::acquire_fence(); // the lock, and the entries behind the ready marks
       if (tail != start) {
         detail::doorbell_write(sq_doorbell, static_cast<std::uint32_t>(tail % sq_depth), doorbell_scope);

@@ -24,16 +24,16 @@ namespace bam::nvme {
 
 //! Register offsets in BAR0.
 namespace reg {
-inline constexpr std::uint32_t cap = 0x00;   //!< Controller Capabilities (64 bit)
-inline constexpr std::uint32_t vs = 0x08;    //!< Version
-inline constexpr std::uint32_t intms = 0x0c; //!< Interrupt Mask Set
-inline constexpr std::uint32_t intmc = 0x10; //!< Interrupt Mask Clear
-inline constexpr std::uint32_t cc = 0x14;    //!< Controller Configuration
-inline constexpr std::uint32_t csts = 0x1c;  //!< Controller Status
-inline constexpr std::uint32_t nssr = 0x20;  //!< NVM Subsystem Reset
-inline constexpr std::uint32_t aqa = 0x24;   //!< Admin Queue Attributes
-inline constexpr std::uint32_t asq = 0x28;   //!< Admin SQ Base Address (64 bit)
-inline constexpr std::uint32_t acq = 0x30;   //!< Admin CQ Base Address (64 bit)
+inline constexpr std::uint32_t cap = 0x00;             //!< Controller Capabilities (64 bit)
+inline constexpr std::uint32_t vs = 0x08;              //!< Version
+inline constexpr std::uint32_t intms = 0x0c;           //!< Interrupt Mask Set
+inline constexpr std::uint32_t intmc = 0x10;           //!< Interrupt Mask Clear
+inline constexpr std::uint32_t cc = 0x14;              //!< Controller Configuration
+inline constexpr std::uint32_t csts = 0x1c;            //!< Controller Status
+inline constexpr std::uint32_t nssr = 0x20;            //!< NVM Subsystem Reset
+inline constexpr std::uint32_t aqa = 0x24;             //!< Admin Queue Attributes
+inline constexpr std::uint32_t asq = 0x28;             //!< Admin SQ Base Address (64 bit)
+inline constexpr std::uint32_t acq = 0x30;             //!< Admin CQ Base Address (64 bit)
 inline constexpr std::uint32_t doorbell_base = 0x1000; //!< SQ0 tail doorbell
 } // namespace reg
 
@@ -41,20 +41,20 @@ inline constexpr std::uint32_t doorbell_base = 0x1000; //!< SQ0 tail doorbell
 union cap_register {
   std::uint64_t raw;
   struct {
-    std::uint64_t mqes : 16;   //!< maximum queue entries supported, 0-based
-    std::uint64_t cqr : 1;     //!< contiguous queues required
-    std::uint64_t ams : 2;     //!< arbitration mechanisms supported
+    std::uint64_t mqes : 16; //!< maximum queue entries supported, 0-based
+    std::uint64_t cqr : 1;   //!< contiguous queues required
+    std::uint64_t ams : 2;   //!< arbitration mechanisms supported
     std::uint64_t reserved1 : 5;
-    std::uint64_t to : 8;      //!< worst-case ready timeout, 500 ms units
-    std::uint64_t dstrd : 4;   //!< doorbell stride: 2^(2+DSTRD) bytes
-    std::uint64_t nssrs : 1;   //!< NVM subsystem reset supported
-    std::uint64_t css : 8;     //!< command sets supported (bit 0: NVM)
-    std::uint64_t bps : 1;     //!< boot partition support
+    std::uint64_t to : 8;    //!< worst-case ready timeout, 500 ms units
+    std::uint64_t dstrd : 4; //!< doorbell stride: 2^(2+DSTRD) bytes
+    std::uint64_t nssrs : 1; //!< NVM subsystem reset supported
+    std::uint64_t css : 8;   //!< command sets supported (bit 0: NVM)
+    std::uint64_t bps : 1;   //!< boot partition support
     std::uint64_t reserved2 : 2;
-    std::uint64_t mpsmin : 4;  //!< memory page size minimum: 2^(12+MPSMIN)
-    std::uint64_t mpsmax : 4;  //!< memory page size maximum: 2^(12+MPSMAX)
-    std::uint64_t pmrs : 1;    //!< persistent memory region supported
-    std::uint64_t cmbs : 1;    //!< controller memory buffer supported
+    std::uint64_t mpsmin : 4; //!< memory page size minimum: 2^(12+MPSMIN)
+    std::uint64_t mpsmax : 4; //!< memory page size maximum: 2^(12+MPSMAX)
+    std::uint64_t pmrs : 1;   //!< persistent memory region supported
+    std::uint64_t cmbs : 1;   //!< controller memory buffer supported
     std::uint64_t reserved3 : 6;
   } bits;
 };
@@ -64,8 +64,8 @@ static_assert(sizeof(cap_register) == 8);
 union vs_register {
   std::uint32_t raw;
   struct {
-    std::uint32_t ter : 8; //!< tertiary
-    std::uint32_t mnr : 8; //!< minor
+    std::uint32_t ter : 8;  //!< tertiary
+    std::uint32_t mnr : 8;  //!< minor
     std::uint32_t mjr : 16; //!< major
   } bits;
 };
@@ -95,11 +95,11 @@ enum class shutdown_notification : std::uint32_t { none = 0, normal = 1, abrupt 
 union csts_register {
   std::uint32_t raw;
   struct {
-    std::uint32_t rdy : 1;  //!< ready
-    std::uint32_t cfs : 1;  //!< controller fatal status
-    std::uint32_t shst : 2; //!< shutdown status
+    std::uint32_t rdy : 1;   //!< ready
+    std::uint32_t cfs : 1;   //!< controller fatal status
+    std::uint32_t shst : 2;  //!< shutdown status
     std::uint32_t nssro : 1; //!< NVM subsystem reset occurred
-    std::uint32_t pp : 1;   //!< processing paused
+    std::uint32_t pp : 1;    //!< processing paused
     std::uint32_t reserved : 26;
   } bits;
 };
@@ -255,6 +255,9 @@ inline constexpr std::uint8_t timeout = 0xf0;      //!< no completion within the
 inline constexpr std::uint8_t queue_broken = 0xf1; //!< an earlier timeout poisoned the queue
 inline constexpr std::uint8_t out_of_range = 0xf2; //!< rejected before submission
 inline constexpr std::uint8_t queue_full = 0xf3;   //!< no slot free within the deadline
+//! refused before submission: the transport needs a device-side progress hook
+//! that the kernel was compiled without (see transport/device_progress.cuh)
+inline constexpr std::uint8_t no_progress_hook = 0xf4;
 } // namespace bam_status
 
 //! A completion status without the phase bit: SCT and SC plus the More and
@@ -265,13 +268,10 @@ struct status {
   constexpr status() = default;
   BAM_HD constexpr explicit status(std::uint16_t r) : raw(r) {}
   BAM_HD constexpr status(status_type sct, std::uint8_t sc, bool dnr = false)
-      : raw(static_cast<std::uint16_t>(sc | (static_cast<std::uint16_t>(sct) << 8) |
-                                       (dnr ? 0x4000u : 0u))) {}
+      : raw(static_cast<std::uint16_t>(sc | (static_cast<std::uint16_t>(sct) << 8) | (dnr ? 0x4000u : 0u))) {}
 
   BAM_HD constexpr std::uint8_t sc() const { return static_cast<std::uint8_t>(raw & 0xff); }
-  BAM_HD constexpr status_type sct() const {
-    return static_cast<status_type>((raw >> 8) & 0x7);
-  }
+  BAM_HD constexpr status_type sct() const { return static_cast<status_type>((raw >> 8) & 0x7); }
   BAM_HD constexpr bool more() const { return (raw >> 13) & 1; }
   BAM_HD constexpr bool dnr() const { return (raw >> 14) & 1; }
   BAM_HD constexpr bool ok() const { return (raw & 0x7ff) == 0; }
@@ -279,9 +279,7 @@ struct status {
   BAM_HD constexpr std::uint16_t code() const { return raw & 0x7ff; }
   BAM_HD constexpr bool operator==(status o) const { return code() == o.code(); }
   BAM_HD constexpr bool operator!=(status o) const { return code() != o.code(); }
-  BAM_HD constexpr bool is_bam(std::uint8_t sc_) const {
-    return sct() == status_type::vendor && sc() == sc_;
-  }
+  BAM_HD constexpr bool is_bam(std::uint8_t sc_) const { return sct() == status_type::vendor && sc() == sc_; }
 };
 static_assert(sizeof(status) == 2);
 
@@ -290,6 +288,7 @@ inline constexpr status status_timeout{status_type::vendor, bam_status::timeout,
 inline constexpr status status_queue_broken{status_type::vendor, bam_status::queue_broken, true};
 inline constexpr status status_out_of_range{status_type::vendor, bam_status::out_of_range, true};
 inline constexpr status status_queue_full{status_type::vendor, bam_status::queue_full, true};
+inline constexpr status status_no_progress_hook{status_type::vendor, bam_status::no_progress_hook, true};
 
 //! A readable name for a status ("LBA Out of Range", "Invalid Opcode", ...).
 BAM_HD inline const char* status_name(status st) {
@@ -341,6 +340,8 @@ BAM_HD inline const char* status_name(status st) {
     case bam_status::queue_broken: return "Queue Broken by an Earlier Timeout";
     case bam_status::out_of_range: return "Request Out of Range";
     case bam_status::queue_full: return "Queue Full (no slot within deadline)";
+    case bam_status::no_progress_hook:
+      return "Kernel Compiled Without the Transport's Device Hook (include <bam/bam.cuh> before other bam headers)";
     default: return "Vendor Specific Status";
     }
   default: return "Reserved Status Code Type";
@@ -354,8 +355,8 @@ BAM_HD inline const char* status_name(status st) {
 //! A 64-byte submission queue entry.
 struct command {
   std::uint8_t opcode;
-  std::uint8_t flags;  //!< FUSE [1:0], PSDT [7:6] (0: PRPs)
-  std::uint16_t cid;   //!< command identifier
+  std::uint8_t flags; //!< FUSE [1:0], PSDT [7:6] (0: PRPs)
+  std::uint16_t cid;  //!< command identifier
   std::uint32_t nsid;
   std::uint32_t cdw2;
   std::uint32_t cdw3;
@@ -398,8 +399,8 @@ union cqe_dw3 {
   //! Dword 3 of a completion of command `cid` with status `st` in phase `phase`.
   BAM_HD static constexpr cqe_dw3 make(std::uint16_t cid, nvme::status st, std::uint32_t phase) {
     cqe_dw3 d{};
-    d.raw = static_cast<std::uint32_t>(cid) | ((phase & 1u) << 16) |
-            (static_cast<std::uint32_t>(st.raw & 0x7fffu) << 17);
+    d.raw =
+        static_cast<std::uint32_t>(cid) | ((phase & 1u) << 16) | (static_cast<std::uint32_t>(st.raw & 0x7fffu) << 17);
     return d;
   }
 };
@@ -417,17 +418,15 @@ static_assert(sizeof(cqe_dw2) == 4);
 
 //! A 16-byte completion queue entry.
 struct completion {
-  std::uint32_t dw0; //!< command specific
-  std::uint32_t dw1; //!< reserved / command specific
+  std::uint32_t dw0;     //!< command specific
+  std::uint32_t dw1;     //!< reserved / command specific
   std::uint16_t sq_head; //!< SQ head pointer after this command was fetched
   std::uint16_t sq_id;
   std::uint16_t cid;
   std::uint16_t status_phase; //!< bit 0: phase tag; bits 15:1: status
 
   BAM_HD constexpr bool phase() const { return status_phase & 1; }
-  BAM_HD constexpr nvme::status status() const {
-    return nvme::status(static_cast<std::uint16_t>(status_phase >> 1));
-  }
+  BAM_HD constexpr nvme::status status() const { return nvme::status(static_cast<std::uint16_t>(status_phase >> 1)); }
 };
 static_assert(sizeof(completion) == 16);
 static_assert(offsetof(completion, sq_head) == 8);
@@ -516,9 +515,9 @@ static_assert(sizeof(number_of_queues) == 4);
 union get_log_page_cdw10 {
   std::uint32_t raw;
   struct {
-    std::uint32_t lid : 8;   //!< log page identifier
-    std::uint32_t lsp : 7;   //!< log specific field
-    std::uint32_t rae : 1;   //!< retain asynchronous event
+    std::uint32_t lid : 8;    //!< log page identifier
+    std::uint32_t lsp : 7;    //!< log specific field
+    std::uint32_t rae : 1;    //!< retain asynchronous event
     std::uint32_t numdl : 16; //!< number of dwords, lower 16 bits (0-based)
   } bits;
 };
@@ -593,9 +592,7 @@ static_assert((1u << cq_entry_log2) == sizeof(completion));
 //! Size of identify, log page and PRP list pages the spec fixes.
 inline constexpr std::size_t identify_data_size = 4096;
 //! Entries in a PRP list page of `page_size` bytes.
-BAM_HD constexpr std::size_t prp_entries_per_page(std::size_t page_size) {
-  return page_size / sizeof(std::uint64_t);
-}
+BAM_HD constexpr std::size_t prp_entries_per_page(std::size_t page_size) { return page_size / sizeof(std::uint64_t); }
 
 // ---------------------------------------------------------------------------
 // Command encoders
@@ -609,9 +606,8 @@ BAM_HD constexpr command make_command(std::uint8_t opcode, std::uint32_t nsid = 
 }
 
 //! Read or Write of `nblocks` (>= 1) logical blocks at `slba`.
-BAM_HD constexpr command make_rw(nvm_opcode op, std::uint32_t nsid, std::uint64_t slba,
-                                 std::uint32_t nblocks, std::uint64_t prp1,
-                                 std::uint64_t prp2) {
+BAM_HD constexpr command make_rw(nvm_opcode op, std::uint32_t nsid, std::uint64_t slba, std::uint32_t nblocks,
+                                 std::uint64_t prp1, std::uint64_t prp2) {
   command c = make_command(static_cast<std::uint8_t>(op), nsid);
   c.prp1 = prp1;
   c.prp2 = prp2;
@@ -622,19 +618,18 @@ BAM_HD constexpr command make_rw(nvm_opcode op, std::uint32_t nsid, std::uint64_
   c.cdw12 = d12.raw;
   return c;
 }
-BAM_HD constexpr command make_read(std::uint32_t nsid, std::uint64_t slba, std::uint32_t nblocks,
-                                   std::uint64_t prp1, std::uint64_t prp2) {
+BAM_HD constexpr command make_read(std::uint32_t nsid, std::uint64_t slba, std::uint32_t nblocks, std::uint64_t prp1,
+                                   std::uint64_t prp2) {
   return make_rw(nvm_opcode::read, nsid, slba, nblocks, prp1, prp2);
 }
-BAM_HD constexpr command make_write(std::uint32_t nsid, std::uint64_t slba, std::uint32_t nblocks,
-                                    std::uint64_t prp1, std::uint64_t prp2) {
+BAM_HD constexpr command make_write(std::uint32_t nsid, std::uint64_t slba, std::uint32_t nblocks, std::uint64_t prp1,
+                                    std::uint64_t prp2) {
   return make_rw(nvm_opcode::write, nsid, slba, nblocks, prp1, prp2);
 }
 BAM_HD constexpr command make_flush(std::uint32_t nsid) {
   return make_command(static_cast<std::uint8_t>(nvm_opcode::flush), nsid);
 }
-BAM_HD constexpr command make_write_zeroes(std::uint32_t nsid, std::uint64_t slba,
-                                           std::uint32_t nblocks) {
+BAM_HD constexpr command make_write_zeroes(std::uint32_t nsid, std::uint64_t slba, std::uint32_t nblocks) {
   return make_rw(nvm_opcode::write_zeroes, nsid, slba, nblocks, 0, 0);
 }
 //! One range of a Dataset Management command's data (16 bytes each).
@@ -645,8 +640,7 @@ struct dsm_range {
 };
 static_assert(sizeof(dsm_range) == 16);
 inline constexpr std::uint32_t dsm_deallocate = 1u << 2; //!< CDW11.AD
-BAM_HD constexpr command make_dsm_deallocate(std::uint32_t nsid, std::uint32_t nranges,
-                                             std::uint64_t prp1) {
+BAM_HD constexpr command make_dsm_deallocate(std::uint32_t nsid, std::uint32_t nranges, std::uint64_t prp1) {
   command c = make_command(static_cast<std::uint8_t>(nvm_opcode::dataset_management), nsid);
   dsm_cdw10 d10{};
   d10.bits.nr = (nranges - 1) & 0xffu;
@@ -679,8 +673,7 @@ BAM_HD constexpr command make_identify(identify_cns cns, std::uint32_t nsid, std
   return c;
 }
 //! Create I/O Completion Queue, physically contiguous, interrupts off.
-BAM_HD constexpr command make_create_io_cq(std::uint16_t qid, std::uint32_t entries,
-                                           std::uint64_t base) {
+BAM_HD constexpr command make_create_io_cq(std::uint16_t qid, std::uint32_t entries, std::uint64_t base) {
   command c = make_command(static_cast<std::uint8_t>(admin_opcode::create_io_cq));
   c.prp1 = base;
   create_queue_cdw10 d10{};
@@ -693,8 +686,8 @@ BAM_HD constexpr command make_create_io_cq(std::uint16_t qid, std::uint32_t entr
   return c;
 }
 //! Create I/O Submission Queue bound to completion queue `cqid`.
-BAM_HD constexpr command make_create_io_sq(std::uint16_t qid, std::uint32_t entries,
-                                           std::uint64_t base, std::uint16_t cqid) {
+BAM_HD constexpr command make_create_io_sq(std::uint16_t qid, std::uint32_t entries, std::uint64_t base,
+                                           std::uint16_t cqid) {
   command c = make_command(static_cast<std::uint8_t>(admin_opcode::create_io_sq));
   c.prp1 = base;
   create_queue_cdw10 d10{};
@@ -741,8 +734,7 @@ BAM_HD constexpr command make_get_features(feature_id fid) {
   return c;
 }
 //! Get Log Page of `bytes` (a multiple of 4) into prp1/prp2.
-BAM_HD constexpr command make_get_log_page(log_page_id lid, std::uint32_t nsid,
-                                           std::uint32_t bytes, std::uint64_t prp1,
+BAM_HD constexpr command make_get_log_page(log_page_id lid, std::uint32_t nsid, std::uint32_t bytes, std::uint64_t prp1,
                                            std::uint64_t prp2 = 0) {
   command c = make_command(static_cast<std::uint8_t>(admin_opcode::get_log_page), nsid);
   const std::uint32_t numd = bytes / 4 - 1; // 0-based dwords
@@ -774,8 +766,7 @@ BAM_HD constexpr command make_abort(std::uint16_t sqid, std::uint16_t cid) {
 BAM_HD constexpr bool prp_offset_valid(std::uint64_t addr) { return (addr & 3u) == 0; }
 
 //! Number of memory pages a transfer touches.
-BAM_HD constexpr std::uint64_t prp_pages_spanned(std::uint64_t addr, std::uint64_t bytes,
-                                                 std::uint64_t page_size) {
+BAM_HD constexpr std::uint64_t prp_pages_spanned(std::uint64_t addr, std::uint64_t bytes, std::uint64_t page_size) {
   if (bytes == 0) return 0;
   const std::uint64_t first = addr & ~(page_size - 1);
   const std::uint64_t last = (addr + bytes - 1) & ~(page_size - 1);

@@ -36,7 +36,7 @@
 #pragma once
 
 #include <bam/cuda.cuh>
-#include <bam/mapped_file.hpp>
+#include <bam/file/mapped_file.hpp>
 #include <bam/runtime/detail/array_access.cuh>
 #include <bam/runtime/page_cache.cuh>
 #include <bam/runtime/storage.cuh>
@@ -61,7 +61,8 @@ public:
   //! `start_lba`: where the array begins on every controller of `s` (pages
   //! striped over them). Throws `bam::error` if it does not fit, or overlaps
   //! an array it cannot share pages with.
-  array(page_cache& cache, const storage& s, std::uint64_t n, std::uint64_t start_lba = 0, cudaStream_t stream = nullptr)
+  array(page_cache& cache, const storage& s, std::uint64_t n, std::uint64_t start_lba = 0,
+        cudaStream_t stream = nullptr)
       : cache_(cache.state()), storage_(s), n_(n) {
     if (cache.page_size() % sizeof(T) != 0 || (sizeof(T) & (sizeof(T) - 1)) != 0)
       throw error("bam::array: element size " + std::to_string(sizeof(T)) +
@@ -73,7 +74,8 @@ public:
     binding_ = cache_->attach(s, start_lba, npages_, stream);
     attached_ = true;
     unsigned shift = 0;
-    while ((1ull << shift) < per_page) ++shift;
+    while ((1ull << shift) < per_page)
+      ++shift;
     ref_.cache = cache_->ref();
     ref_.space = binding_.space;
     ref_.first_page = binding_.first_page;
@@ -100,8 +102,8 @@ public:
     if (bytes == 0 || bytes % sizeof(T) != 0) {
       error_context c;
       c.errnum = EINVAL;
-      throw error("bam::array::open: " + path + " holds " + std::to_string(bytes) + " bytes, not a whole number (> 0) of " +
-                      std::to_string(sizeof(T)) + "-byte elements",
+      throw error("bam::array::open: " + path + " holds " + std::to_string(bytes) +
+                      " bytes, not a whole number (> 0) of " + std::to_string(sizeof(T)) + "-byte elements",
                   c);
     }
     const bam::storage s(a.device + (options.empty() ? "" : "," + options));

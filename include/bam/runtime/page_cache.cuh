@@ -44,7 +44,7 @@
 
 #include <bam/cuda.cuh>
 #include <bam/error.hpp>
-#include <bam/runtime/detail/device_memory.cuh>
+#include <bam/detail/device_memory.cuh>
 #include <bam/runtime/detail/page_cache_kernels.cuh>
 #include <bam/runtime/detail/page_cache_ref.cuh>
 #include <bam/runtime/error_record.cuh>
@@ -62,9 +62,9 @@
 namespace bam {
 
 struct page_cache_config {
-  std::size_t page_size = 4096;       //!< 512 B .. 64 KiB, power of two
-  std::size_t capacity = 64ull << 20; //!< bytes of GPU memory for page data
-  std::uint32_t ways = 8;             //!< slots per set
+  std::size_t page_size = 4096;                              //!< 512 B .. 64 KiB, power of two
+  std::size_t capacity = 64ull << 20;                        //!< bytes of GPU memory for page data
+  std::uint32_t ways = 8;                                    //!< slots per set
   std::uint64_t timeout_ns = nvme::default_queue_timeout_ns; //!< bound of every wait without progress
 };
 
@@ -98,7 +98,8 @@ public:
     if (nslots > 0xffffffffull) throw error("page_cache: more than 2^32 slots");
     nslots_ = nslots;
     unsigned p = 0;
-    while ((std::size_t{1} << p) < cfg.page_size) ++p;
+    while ((std::size_t{1} << p) < cfg.page_size)
+      ++p;
     page_shift_ = p;
     // Aligned and sized for any transport (64 KiB GPU pages for nvidia_p2p).
     data_ = aligned_device_memory(nslots * cfg.page_size, gpu_page_size);
@@ -137,7 +138,8 @@ public:
   //! get a last chance.
   void write_back_at_destruction() noexcept {
     bool any = false;
-    for (const auto& s : host_spaces_) any |= s.used;
+    for (const auto& s : host_spaces_)
+      any |= s.used;
     if (!any) return;
     try {
       std::lock_guard lock(mutex_);
@@ -223,7 +225,8 @@ public:
       const std::uint64_t space_pages = blocks / bpp * nctrl;
       if (space_pages > key_page_mask)
         throw error("page_cache: " + where + " holds " + std::to_string(space_pages) + " pages of " +
-                    std::to_string(cfg_.page_size) + " bytes; a cache addresses at most 2^34 pages per storage: "
+                    std::to_string(cfg_.page_size) +
+                    " bytes; a cache addresses at most 2^34 pages per storage: "
                     "use larger pages");
       if (id == max_spaces) id = new_space(s, true, 0, space_pages, bpp, stream);
       host_spaces_[id].zombie = false; // an array over its pages again: they get written back as usual
@@ -274,7 +277,8 @@ public:
     std::vector<storage> storages;
     for (const auto& sp : host_spaces_) {
       if (!sp.used) continue;
-      if (std::none_of(storages.begin(), storages.end(), [&](const storage& x) { return x.state() == sp.storage->state(); }))
+      if (std::none_of(storages.begin(), storages.end(),
+                       [&](const storage& x) { return x.state() == sp.storage->state(); }))
         storages.push_back(*sp.storage);
     }
     std::vector<device_buffer<device_error_record>> errs;
@@ -302,8 +306,8 @@ public:
     for (std::size_t i = 0; i < storages.size(); ++i) {
       try {
         const storage& s = storages[i];
-        throw_if_recorded(errs[i].get(), "NVMe Flush failed", [&](std::uint32_t c) { return s.controller_name(c); },
-                          stream);
+        throw_if_recorded(
+            errs[i].get(), "NVMe Flush failed", [&](std::uint32_t c) { return s.controller_name(c); }, stream);
       } catch (const error& e) {
         if (!first) first = e;
       }
@@ -358,7 +362,8 @@ private:
   std::uint32_t new_space(const storage& s, bool shared, std::uint64_t base_lba, std::uint64_t npages,
                           std::uint32_t bpp, cudaStream_t stream) {
     std::uint32_t id = 0;
-    while (id < max_spaces && host_spaces_[id].used) ++id;
+    while (id < max_spaces && host_spaces_[id].used)
+      ++id;
     if (id == max_spaces) throw error("page_cache: too many arrays with pages of their own (127)");
     space_host& sp = host_spaces_[id];
     // One mapping of the cache's pages per storage, shared by its spaces.
@@ -454,7 +459,8 @@ private:
 
   void throw_space_error(std::uint32_t id, const std::string& what, cudaStream_t stream) {
     const space_host& sp = host_spaces_[id];
-    throw_if_recorded(sp.err.get(), what, [&](std::uint32_t c) { return sp.storage->controller_name(c); }, stream);
+    throw_if_recorded(
+        sp.err.get(), what, [&](std::uint32_t c) { return sp.storage->controller_name(c); }, stream);
   }
 
   page_cache_config cfg_;
@@ -466,7 +472,7 @@ private:
   device_buffer<cache_set> sets_;
   device_buffer<space_ref> spaces_;
   device_buffer<unsigned long long> counters_;
-  std::vector<space_host> host_spaces_; // holds the mappings: destroyed before data_
+  std::vector<space_host> host_spaces_;              // holds the mappings: destroyed before data_
   std::vector<std::weak_ptr<storage_state>> served_; // storages these pages served
   std::vector<extent> extents_;
   std::uint64_t next_array_id_ = 1;

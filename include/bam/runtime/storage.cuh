@@ -12,18 +12,18 @@
 //!
 //! A `storage` is a handle: copies share the same controllers, and arrays and
 //! caches that use it keep it alive (dirty pages can always be written back).
+//!
+//! The transport behind a device string is asked through the registry
+//! (transport/open.hpp); the storage names none. `<bam/bam.cuh>` registers
+//! the kernel module's transport and the software controller.
 #pragma once
 
 #include <bam/cuda.cuh>
-#include <bam/device_string.hpp>
+#include <bam/detail/device_memory.cuh>
 #include <bam/driver/controller.hpp>
-#include <bam/emu.hpp>
-#include <bam/emu/client_engine.cuh>
-#include <bam/emu/gpu_engine.cuh>
-#include <bam/runtime/detail/device_memory.cuh>
 #include <bam/runtime/queue_set.cuh>
+#include <bam/transport/device_string.hpp>
 #include <bam/transport/open.hpp>
-#include <bam/transport/pci.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -75,15 +75,13 @@ struct storage_state {
     kept_in_order(const kept_in_order&) = delete;
     kept_in_order& operator=(const kept_in_order&) = delete;
     ~kept_in_order() {
-      for (auto& i : items) i.reset();
+      for (auto& i : items)
+        i.reset();
     }
   } quarantine;
+  std::string description; //!< what serves the I/O (the transport's words)
   // Destroyed bottom-up (reverse order): refs and lists, then the drivers
-  // (which delete their queues), then the software controllers, then engines.
-  std::vector<std::shared_ptr<emu::gpu_engine>> gpu_engines;
-  std::vector<std::shared_ptr<emu::io_engine>> client_engines;
-  std::vector<std::shared_ptr<emu::media>> client_media;
-  std::vector<std::shared_ptr<emu::emulated_controller>> emu;
+  // (which delete their queues), then the transports they own.
   std::vector<std::shared_ptr<controller>> ctrls;
   struct per_ctrl {
     device_buffer<nvme::queue_pair_ref> queues;
@@ -95,8 +93,23 @@ struct storage_state {
   device_buffer<queue_set_ref> refs;
   std::uint32_t lba_size = 0;
   std::uint64_t blocks = 0;
-  bool has_spec = false;
 };
+
+//! Controller options that put I/O queue rings where `rings` says (GPU
+//! memory, or pinned host memory mapped into the GPU) and submitter state in
+//! GPU memory, and hand GPU threads the doorbells.
+inline controller_options gpu_queue_options(controller_options o = {},
+                                            queue_ring_memory rings = queue_ring_memory::gpu) {
+  static_assert(nvme::queue_state_alignment <= 256, "cudaMalloc aligns to 256 bytes");
+  if (rings == queue_ring_memory::gpu)
+    o.ring_alloc = [](transport& t, std::size_t bytes) { return device_region::make(t, bytes); };
+  else
+    o.ring_alloc = [](transport& t, std::size_t bytes) { return pinned_region::make(t, bytes); };
+  o.state_alloc = [](std::size_t bytes) { return alloc_queue_state(bytes); };
+  o.state_free = [](void* p) { BAM_CUDA_LOG(cudaFree(p)); };
+  o.device_doorbells = true;
+  return o;
+}
 
 //! True when a GPU thread's command on one of `s`'s I/O queues timed out
 //! (see `storage::any_queue_broken`).
@@ -134,61 +147,15 @@ public:
       : storage(parse_device(device_string), opts) {}
   explicit storage(const device_spec& spec, storage_options opts = {}) : s_(std::make_shared<detail::storage_state>()) {
     s_->spec = spec;
-    s_->has_spec = true;
     s_->opts = opts;
     controller_options copts;
     copts.io_queues = spec.io_queues;
     copts.queue_depth = spec.queue_depth;
     copts.io_timeout_ns = spec.timeout_ns;
-    switch (spec.kind) {
-    case device_kind::emu_gpu: {
-      for (std::uint32_t i = 0; i < spec.ssds; ++i) {
-        emu::gpu_engine_config ec;
-        ec.media = spec.media;
-        ec.bytes = spec.bytes;
-        ec.lba_size = spec.lba_size;
-        ec.max_qid = spec.io_queues;
-        ec.iops = spec.iops;
-        ec.latency_ns = spec.latency_ns;
-        ec.timeout_ns = spec.timeout_ns;
-        constexpr std::uint8_t gpu_engine_mdts = 9; // 2 MiB: what one PRP list page describes
-        ec.max_transfer_bytes = dma_page_size << gpu_engine_mdts;
-        auto engine = std::make_shared<emu::gpu_engine>(ec);
-        emu::controller_config cc = emu_config(spec, i, engine->namespace_media(), "emu-gpu");
-        cc.mdts = gpu_engine_mdts;
-        cc.identity_dma = true;
-        cc.io_engine = engine;
-        auto ctrl = emu::make_controller(std::move(cc));
-        s_->gpu_engines.push_back(engine);
-        s_->emu.push_back(ctrl);
-        s_->ctrls.push_back(std::make_shared<controller>(ctrl, detail::gpu_queue_options(copts)));
-      }
-      break;
-    }
-    case device_kind::emu_cpu: {
-      for (std::uint32_t i = 0; i < spec.ssds; ++i) {
-        std::shared_ptr<emu::media> m = open_emu_media(spec, i);
-        auto engine = emu::make_client_engine(m, spec.io_queues, spec.threads);
-        emu::controller_config cc = emu_config(spec, i, m);
-        cc.mdts = 5; // the engine's bounce buffers: 128 KiB per command
-        cc.identity_dma = true;
-        cc.io_engine = engine;
-        auto ctrl = emu::make_controller(std::move(cc));
-        s_->client_engines.push_back(engine);
-        s_->client_media.push_back(m);
-        s_->emu.push_back(ctrl);
-        s_->ctrls.push_back(std::make_shared<controller>(ctrl, emu::client_queue_options(copts)));
-      }
-      break;
-    }
-    case device_kind::pci: {
-      for (const auto& path : spec.devices) {
-        auto t = std::make_shared<pci_transport>(path);
-        s_->ctrls.push_back(std::make_shared<controller>(t, detail::gpu_queue_options(copts)));
-      }
-      break;
-    }
-    }
+    gpu_transports g = open_gpu_transports(spec);
+    s_->description = std::move(g.description);
+    for (auto& t : g.controllers)
+      s_->ctrls.push_back(std::make_shared<controller>(std::move(t), detail::gpu_queue_options(copts, g.rings)));
     build_queue_sets();
   }
   //! Controllers already brought up with their I/O queues placed for GPU
@@ -196,6 +163,7 @@ public:
   explicit storage(std::vector<std::shared_ptr<controller>> ctrls, storage_options opts = {})
       : s_(std::make_shared<detail::storage_state>()) {
     s_->opts = opts;
+    s_->description = "controllers given by the caller";
     s_->ctrls = std::move(ctrls);
     build_queue_sets();
   }
@@ -212,38 +180,15 @@ public:
   std::uint32_t nsid() const { return s_->opts.nsid; }
   std::string name() const {
     std::string n;
-    for (const auto& c : s_->ctrls) n += (n.empty() ? "" : "+") + c->name();
+    for (const auto& c : s_->ctrls)
+      n += (n.empty() ? "" : "+") + c->name();
     return n;
   }
   //! Name of controller `i` for messages (the whole storage's name for an unknown index).
   std::string controller_name(std::uint32_t i) const { return i < s_->ctrls.size() ? s_->ctrls[i]->name() : name(); }
-  //! What serves the I/O, for reports.
-  std::string transport_name() const {
-    if (!s_->has_spec) return "controllers given by the caller";
-    switch (s_->spec.kind) {
-    case device_kind::emu_gpu:
-      return std::string("emu-gpu (software controller, GPU engine, media ") + media_name(s_->spec.media) + ")";
-    case device_kind::emu_cpu:
-      return std::string("emu (software controller, CPU engine for GPU clients, media ") + media_name(s_->spec.media) + ")";
-    case device_kind::pci: return "pci (kernel module)";
-    }
-    return "?";
-  }
+  //! What serves the I/O, for reports (the transport's description).
+  const std::string& transport_name() const { return s_->description; }
   const device_spec& spec() const { return s_->spec; }
-
-  //! GPU engines (emu-gpu), one per controller.
-  const std::vector<std::shared_ptr<emu::gpu_engine>>& gpu_engines() const { return s_->gpu_engines; }
-  //! The software controllers (emu, emu-gpu), one per controller.
-  const std::vector<std::shared_ptr<emu::emulated_controller>>& emu_controllers() const { return s_->emu; }
-
-  //! Host-side write of `bytes` at byte `offset` of controller `i`'s namespace
-  //! (software controllers: straight into the media; loads a data set).
-  void write_media(std::uint32_t i, std::uint64_t offset, const void* src, std::size_t bytes) const {
-    if (int e = media_of(i).write(offset, src, bytes)) throw_errno("writing media of controller " + controller_name(i), e);
-  }
-  void read_media(std::uint32_t i, std::uint64_t offset, void* dst, std::size_t bytes) const {
-    if (int e = media_of(i).read(offset, dst, bytes)) throw_errno("reading media of controller " + controller_name(i), e);
-  }
 
   //! Map GPU memory `[ptr, ptr + bytes)` for every controller. `ptr` and
   //! `bytes` must be multiples of `gpu_page_size` (64 KiB) for a real controller.
@@ -251,7 +196,7 @@ public:
     auto m = std::make_unique<storage_mapping>();
     std::vector<const std::uint64_t*> tables;
     for (const auto& c : s_->ctrls) {
-      auto r = c->transport_ref().map(ptr, bytes, memory_kind::device);
+      auto r = c->transport().map(ptr, bytes, memory_kind::device);
       device_buffer<std::uint64_t> bus(r->page_bus().size());
       copy_to_device(bus.get(), r->page_bus().data(), r->page_bus().size());
       tables.push_back(bus.get());
@@ -275,13 +220,6 @@ public:
   std::shared_ptr<detail::storage_state> state() const { return s_; }
 
 private:
-  emu::media& media_of(std::uint32_t i) const {
-    if (i < s_->emu.size()) return s_->emu[i]->namespace_media(s_->opts.nsid);
-    error_context c;
-    c.controller = controller_name(i);
-    throw error("host access to the media needs a software controller", c);
-  }
-
   void build_queue_sets() {
     auto& s = *s_;
     if (s.ctrls.empty()) throw error("a storage needs at least one controller");
@@ -303,7 +241,8 @@ private:
       if (c.io_queue_count() == 0) throw error("storage: controller " + c.name() + " has no I/O queues");
       detail::storage_state::per_ctrl pc;
       std::vector<nvme::queue_pair_ref> qs;
-      for (std::uint32_t q = 0; q < c.io_queue_count(); ++q) qs.push_back(c.io_queue(q));
+      for (std::uint32_t q = 0; q < c.io_queue_count(); ++q)
+        qs.push_back(c.io_queue(q));
       pc.queues = device_buffer<nvme::queue_pair_ref>(qs.size());
       copy_to_device(pc.queues.get(), qs.data(), qs.size());
       queue_set_ref r;
@@ -315,18 +254,18 @@ private:
       r.nblocks = ns.blocks;
       r.num_sms = static_cast<std::uint32_t>(sms);
       r.index = static_cast<std::uint32_t>(i);
-      r.progress = c.transport_ref().device_progress_hook();
-      const std::uint32_t max_bytes =
-          static_cast<std::uint32_t>(std::min<std::size_t>(max_io, c.max_transfer_bytes()));
+      r.progress = c.transport().device_progress_hook();
+      const std::uint32_t max_bytes = static_cast<std::uint32_t>(std::min<std::size_t>(max_io, c.max_transfer_bytes()));
       // Entries per command id: a power of two, so that no list crosses a 4 KiB page.
       std::uint32_t entries = 1;
-      while (entries * 2 <= std::min<std::uint32_t>(max_bytes / dma_page_size, 512)) entries *= 2;
+      while (entries * 2 <= std::min<std::uint32_t>(max_bytes / dma_page_size, 512))
+        entries *= 2;
       r.list_entries = entries;
       r.max_transfer_bytes = std::min<std::uint32_t>(max_bytes, entries * static_cast<std::uint32_t>(dma_page_size));
       r.cids_per_queue = c.io_queue_depth() - 1;
       const std::size_t list_bytes =
           static_cast<std::size_t>(r.nqueues) * r.cids_per_queue * r.list_entries * sizeof(std::uint64_t);
-      pc.lists = detail::device_region::make(c.transport_ref(), list_bytes);
+      pc.lists = detail::device_region::make(c.transport(), list_bytes);
       pc.list_bus = device_buffer<std::uint64_t>(pc.lists->page_bus().size());
       copy_to_device(pc.list_bus.get(), pc.lists->page_bus().data(), pc.lists->page_bus().size());
       r.prp_lists = pc.lists->as<std::uint64_t>();

@@ -1,90 +1,127 @@
 // SPDX-License-Identifier: MIT
-//! Host side of device selection: turn a parsed device string into the
-//! transports a `bam::controller` drives from host threads. (GPU programs use
-//! `bam::storage` in `bam/runtime/storage.cuh`, which places queues for GPU
-//! submitters; both take the same strings.)
+//! Opening what a device string names: the transport registry, asked
+//! of the transport that serves it (SPDK's model). Each transport registers
+//! its openers from its own header, when that header is included (an inline
+//! variable), and nothing above the transports names one: a program opens the
+//! kinds of device whose transports it includes, and a device string of
+//! another kind is refused with the header to include.
+//!
+//! Two openers per kind of device:
+//!   - host: transports for a `bam::controller` driven by host threads
+//!     (`open_host_transports`, transport/open.hpp);
+//!   - GPU: transports whose I/O queues GPU threads drive, for `bam::storage`
+//!     (`open_gpu_transports`), with where their queue rings must live.
 //!
 //! @code
-//!   auto spec = bam::parse_device("emu:file=/tmp/disk.img,size=1G");
-//!   for (auto& t : bam::open_host_transports(spec)) {
-//!     bam::controller ctrl(t, {.io_queues = spec.io_queues});
-//!   }
+//!   // in a transport's header:
+//!   inline const bool my_transport_registered =
+//!       bam::register_host_transport(bam::device_kind::pci, &open_my_host_transports);
 //! @endcode
 #pragma once
 
-#include <bam/device_string.hpp>
-#include <bam/emu.hpp>
-#include <bam/emu/extent_media.hpp>
 #include <bam/error.hpp>
-#include <bam/transport/pci.hpp>
+#include <bam/transport/device_string.hpp>
 #include <bam/transport/transport.hpp>
 
-#include <sys/stat.h>
-
+#include <array>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 namespace bam {
 
-//! Media of software controller `index` of an `emu:` or `emu-gpu:ram=` spec
-//! (a file spec with several controllers uses `path.0`, `path.1`, ...).
-inline std::shared_ptr<emu::media> open_emu_media(const device_spec& spec, std::uint32_t index) {
-  if (spec.media == media_kind::file && spec.extents) {
-    extent_map_options o;
-    o.allow_holes = spec.holes;
-    return emu::make_extent_media(extent_map::of_file(spec.path, o));
-  }
-  if (spec.media == media_kind::file) {
-    const std::string path = spec.ssds == 1 ? spec.path : spec.path + "." + std::to_string(index);
-    struct stat st {};
-    if (::stat(path.c_str(), &st) == 0 && S_ISBLK(st.st_mode))
-      return emu::make_block_media(path, spec.bytes, /*direct=*/true, spec.read_only);
-    // size= creates or extends the file; without it the file must exist.
-    return emu::make_file_media(path, spec.bytes, /*create=*/spec.bytes != 0 && !spec.read_only, /*direct=*/true,
-                                spec.read_only);
-  }
-  if (spec.media == media_kind::ram) return emu::make_ram_media(spec.bytes);
+//! Where the I/O queue rings of GPU submitters must be for the controller to
+//! reach them.
+enum class queue_ring_memory : std::uint8_t {
+  gpu,         //!< GPU memory, mapped for the controller (a real controller, the GPU engine)
+  pinned_host, //!< pinned host memory mapped into the GPU (a controller served by host threads)
+};
+
+//! What a transport gives `bam::storage`: one transport per controller,
+//! ready for the driver, and how to place their queues.
+struct gpu_transports {
+  std::vector<std::shared_ptr<transport>> controllers;
+  queue_ring_memory rings = queue_ring_memory::gpu;
+  std::string description; //!< what serves the I/O, for reports
+};
+
+using host_transport_opener = std::vector<std::shared_ptr<transport>> (*)(const device_spec&);
+using gpu_transport_opener = gpu_transports (*)(const device_spec&);
+
+namespace detail {
+
+inline constexpr std::size_t device_kinds = 3;
+
+struct transport_table {
+  std::mutex mutex;
+  std::array<host_transport_opener, device_kinds> host{};
+  std::array<gpu_transport_opener, device_kinds> gpu{};
+};
+
+//! One table per program (a function-local static: no order of initialization to get wrong).
+inline transport_table& registered_transports() {
+  static transport_table t;
+  return t;
+}
+
+inline std::size_t kind_index(device_kind k) {
+  const auto i = static_cast<std::size_t>(k);
+  if (i >= device_kinds) throw error("unknown device kind " + std::to_string(i));
+  return i;
+}
+
+[[noreturn]] inline void not_compiled_in(const device_spec& spec, bool gpu) {
   error_context c;
   c.controller = spec.text;
-  throw error(std::string("media '") + media_name(spec.media) + "' is served by the GPU engine only (emu-gpu:)", c);
+  c.errnum = ENOTSUP;
+  throw error(std::string("the transport of ") + device_kind_name(spec.kind) + " devices" +
+                  (gpu ? " for GPU threads" : " for host I/O") + " is not compiled into this program: include " +
+                  device_kind_header(spec.kind, gpu),
+              c);
 }
 
-//! Configuration of software controller `index` of an `emu:`/`emu-gpu:` spec
-//! with one namespace over `media` (the engine is the caller's to set).
-inline emu::controller_config emu_config(const device_spec& spec, std::uint32_t index,
-                                         std::shared_ptr<emu::media> media, const std::string& prefix = "emu") {
-  emu::controller_config cfg;
-  cfg.namespaces = {emu::namespace_config{media->size() / spec.lba_size, spec.lba_size, std::move(media)}};
-  cfg.max_queue_entries = std::max<std::uint32_t>(spec.queue_depth, 2);
-  cfg.max_io_queues = spec.io_queues;
-  cfg.engine_threads = spec.threads;
-  cfg.name = prefix + std::to_string(index); // also the serial number's suffix
-  return cfg;
+} // namespace detail
+
+//! Register how host threads open devices of kind `k` (replaces an earlier opener).
+inline bool register_host_transport(device_kind k, host_transport_opener open) {
+  auto& t = detail::registered_transports();
+  std::lock_guard lock(t.mutex);
+  t.host[detail::kind_index(k)] = open;
+  return true;
 }
 
-//! One transport per controller the spec names, for host-driven I/O:
-//! software controllers with the CPU engine, or kernel-module devices.
+//! Register how `bam::storage` opens devices of kind `k` for GPU submitters.
+inline bool register_gpu_transport(device_kind k, gpu_transport_opener open) {
+  auto& t = detail::registered_transports();
+  std::lock_guard lock(t.mutex);
+  t.gpu[detail::kind_index(k)] = open;
+  return true;
+}
+
+//! Transports for GPU submitters of what `spec` names (throws `bam::error`
+//! naming the header to include when its transport is not compiled in).
+inline gpu_transports open_gpu_transports(const device_spec& spec) {
+  gpu_transport_opener open = nullptr;
+  {
+    auto& t = detail::registered_transports();
+    std::lock_guard lock(t.mutex);
+    open = t.gpu[detail::kind_index(spec.kind)];
+  }
+  if (open == nullptr) detail::not_compiled_in(spec, true);
+  return open(spec);
+}
+
+//! One transport per controller `spec` names, for host-driven I/O.
 inline std::vector<std::shared_ptr<transport>> open_host_transports(const device_spec& spec) {
-  std::vector<std::shared_ptr<transport>> out;
-  switch (spec.kind) {
-  case device_kind::emu_cpu:
-    for (std::uint32_t i = 0; i < spec.ssds; ++i) {
-      out.push_back(emu::make_controller(emu_config(spec, i, open_emu_media(spec, i))));
-    }
-    break;
-  case device_kind::pci:
-    for (const auto& path : spec.devices) out.push_back(std::make_shared<pci_transport>(path));
-    break;
-  case device_kind::emu_gpu: {
-    error_context c;
-    c.controller = spec.text;
-    throw error("emu-gpu devices are served by GPU threads: use bam::storage from a CUDA program "
-                "(or emu:ram=/emu:file= for host I/O)",
-                c);
+  host_transport_opener open = nullptr;
+  {
+    auto& t = detail::registered_transports();
+    std::lock_guard lock(t.mutex);
+    open = t.host[detail::kind_index(spec.kind)];
   }
-  }
-  return out;
+  if (open == nullptr) detail::not_compiled_in(spec, false);
+  return open(spec);
 }
 
 } // namespace bam

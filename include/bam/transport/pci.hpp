@@ -21,9 +21,10 @@
 #pragma once
 
 #include <bam/error.hpp>
-#include <bam/kmod_abi.h>
+#include <bam/transport/kmod_abi.h>
 #include <bam/transport/detail/kmod_device.hpp>
 #include <bam/transport/transport.hpp>
+#include <bam/transport/open.hpp>
 
 #include <fcntl.h>
 #include <sys/ioctl.h>
@@ -47,8 +48,6 @@
 
 namespace bam {
 
-
-
 class pci_transport : public transport {
 public:
   //! Open `/dev/bam-nvmeN`, check the module's ABI and map BAR0. Throws
@@ -65,8 +64,7 @@ public:
   std::string pci_address() const {
     char buf[32];
     const auto& i = dev_->info();
-    std::snprintf(buf, sizeof buf, "%04x:%02x:%02x.%x", i.pci_domain, i.pci_bus, i.pci_device,
-                  i.pci_function);
+    std::snprintf(buf, sizeof buf, "%04x:%02x:%02x.%x", i.pci_domain, i.pci_bus, i.pci_device, i.pci_function);
     return buf;
   }
   //! The device file descriptor (for tests; do not close it).
@@ -83,24 +81,20 @@ public:
     (void)reg(offset); // bounds check
     if (!dev_->bar_registered_) {
       void* bar = const_cast<unsigned char*>(dev_->bar());
-      cudaError_t e = cudaHostRegister(bar, dev_->bar_map_bytes(),
-                                       cudaHostRegisterIoMemory | cudaHostRegisterMapped);
+      cudaError_t e = cudaHostRegister(bar, dev_->bar_map_bytes(), cudaHostRegisterIoMemory | cudaHostRegisterMapped);
       if (e != cudaSuccess)
-        throw error(std::string("cudaHostRegister(BAR0, cudaHostRegisterIoMemory) failed: ") +
-                        cudaGetErrorString(e) +
+        throw error(std::string("cudaHostRegister(BAR0, cudaHostRegisterIoMemory) failed: ") + cudaGetErrorString(e) +
                         " (the GPU cannot reach this controller's doorbells)",
                     ctx(0));
       e = cudaHostGetDevicePointer(&dev_->bar_device_, bar, 0);
       if (e != cudaSuccess) {
         cudaHostUnregister(bar);
-        throw error(std::string("cudaHostGetDevicePointer(BAR0) failed: ") + cudaGetErrorString(e),
-                    ctx(0));
+        throw error(std::string("cudaHostGetDevicePointer(BAR0) failed: ") + cudaGetErrorString(e), ctx(0));
       }
       dev_->bar_unregister_ = [](void* p) { cudaHostUnregister(p); };
       dev_->bar_registered_ = true;
     }
-    return reinterpret_cast<volatile std::uint32_t*>(
-        static_cast<unsigned char*>(dev_->bar_device_) + offset);
+    return reinterpret_cast<volatile std::uint32_t*>(static_cast<unsigned char*>(dev_->bar_device_) + offset);
 #else
     (void)offset;
     return nullptr;
@@ -129,8 +123,7 @@ public:
     const std::size_t bytes = round_up(size == 0 ? 1 : size);
     if (bytes <= BAM_KMOD_MAX_ALLOC_BYTES) return alloc_coherent(bytes);
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-      throw_errno("allocating " + std::to_string(bytes) + " bytes of DMA memory", errno, name());
+    if (p == MAP_FAILED) throw_errno("allocating " + std::to_string(bytes) + " bytes of DMA memory", errno, name());
     (void)::madvise(p, bytes, MADV_DONTFORK);
     try {
       return std::make_unique<detail::kmod_owned_region>(map_host(p, bytes), p, bytes);
@@ -146,8 +139,7 @@ public:
     bam_kmod_alloc req{};
     req.length = round_up(size == 0 ? 1 : size);
     if (::ioctl(dev_->fd(), BAM_KMOD_IOC_ALLOC, &req) != 0)
-      throw_errno("allocating " + std::to_string(req.length) + " bytes of DMA-coherent memory",
-                  errno, name());
+      throw_errno("allocating " + std::to_string(req.length) + " bytes of DMA-coherent memory", errno, name());
     void* p = ::mmap(nullptr, req.length, PROT_READ | PROT_WRITE, MAP_SHARED, dev_->fd(),
                      static_cast<off_t>(req.mmap_offset));
     if (p == MAP_FAILED) {
@@ -158,15 +150,14 @@ public:
     std::vector<std::uint64_t> bus(req.length / dma_page_size);
     for (std::size_t i = 0; i < bus.size(); ++i)
       bus[i] = req.bus_addr + i * dma_page_size;
-    return std::make_unique<detail::kmod_coherent_region>(dev_, req.handle, p, req.length,
-                                                          std::move(bus));
+    return std::make_unique<detail::kmod_coherent_region>(dev_, req.handle, p, req.length, std::move(bus));
   }
 
   //! Map `[offset, offset + size)` of dma-buf `dmabuf_fd` for this controller.
   //! `vaddr` is what the region reports as its data() (a CPU or GPU pointer to
   //! the same bytes, or nullptr). The fd may be closed afterwards.
-  std::unique_ptr<dma_region> map_dmabuf(int dmabuf_fd, std::size_t offset, std::size_t size,
-                                         void* vaddr, memory_kind kind = memory_kind::device) {
+  std::unique_ptr<dma_region> map_dmabuf(int dmabuf_fd, std::size_t offset, std::size_t size, void* vaddr,
+                                         memory_kind kind = memory_kind::device) {
     bam_kmod_map_dmabuf req{};
     std::vector<std::uint64_t> bus(size / dma_page_size);
     req.fd = dmabuf_fd;
@@ -175,11 +166,10 @@ public:
     req.bus_addrs = reinterpret_cast<std::uintptr_t>(bus.data());
     req.bus_addr_count = static_cast<std::uint32_t>(bus.size());
     if (::ioctl(dev_->fd(), BAM_KMOD_IOC_MAP_DMABUF, &req) != 0)
-      throw_errno("mapping " + std::to_string(size) + " bytes of dma-buf fd " +
-                      std::to_string(dmabuf_fd) + " for the controller",
+      throw_errno("mapping " + std::to_string(size) + " bytes of dma-buf fd " + std::to_string(dmabuf_fd) +
+                      " for the controller",
                   errno, name());
-    return std::make_unique<detail::kmod_region>(dev_, req.handle, vaddr, size, kind,
-                                                 std::move(bus));
+    return std::make_unique<detail::kmod_region>(dev_, req.handle, vaddr, size, kind, std::move(bus));
   }
 
   //! Map GPU memory through nvidia_p2p (needs bam_nvme_gpu.ko); 64 KiB aligned.
@@ -192,17 +182,14 @@ public:
     req.bus_addr_count = static_cast<std::uint32_t>(bus.size());
     if (::ioctl(dev_->fd(), BAM_KMOD_IOC_MAP_GPU, &req) != 0) {
       const int e = errno;
-      throw_errno(
-          e == EOPNOTSUPP
-              ? "mapping GPU memory through nvidia_p2p: bam_nvme_gpu.ko is not loaded "
-                "(build kernel_module with the NVIDIA driver source and modprobe bam_nvme_gpu)"
-              : "mapping " + std::to_string(size) +
-                    " bytes of GPU memory through nvidia_p2p "
-                    "(64 KiB aligned cudaMalloc memory required)",
-          e, name());
+      throw_errno(e == EOPNOTSUPP ? "mapping GPU memory through nvidia_p2p: bam_nvme_gpu.ko is not loaded "
+                                    "(build kernel_module with the NVIDIA driver source and modprobe bam_nvme_gpu)"
+                                  : "mapping " + std::to_string(size) +
+                                        " bytes of GPU memory through nvidia_p2p "
+                                        "(64 KiB aligned cudaMalloc memory required)",
+                  e, name());
     }
-    return std::make_unique<detail::kmod_region>(dev_, req.handle, dptr, size, memory_kind::device,
-                                                 std::move(bus));
+    return std::make_unique<detail::kmod_region>(dev_, req.handle, dptr, size, memory_kind::device, std::move(bus));
   }
 
 private:
@@ -231,30 +218,25 @@ private:
     req.bus_addrs = reinterpret_cast<std::uintptr_t>(bus.data());
     req.bus_addr_count = static_cast<std::uint32_t>(bus.size());
     if (::ioctl(dev_->fd(), BAM_KMOD_IOC_MAP_HOST, &req) != 0)
-      throw_errno("pinning and mapping " + std::to_string(size) + " bytes of host memory", errno,
-                  name());
-    return std::make_unique<detail::kmod_region>(dev_, req.handle, ptr, size, memory_kind::host,
-                                                 std::move(bus));
+      throw_errno("pinning and mapping " + std::to_string(size) + " bytes of host memory", errno, name());
+    return std::make_unique<detail::kmod_region>(dev_, req.handle, ptr, size, memory_kind::host, std::move(bus));
   }
 
   std::unique_ptr<dma_region> map_device(void* ptr, std::size_t size) {
 #if BAM_PCI_TRANSPORT_CUDA
-    using get_handle_fn =
-        CUresult (*)(void*, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long);
+    using get_handle_fn = CUresult (*)(void*, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long);
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q{};
 #if CUDART_VERSION >= 12050
-    cudaError_t e = cudaGetDriverEntryPointByVersion("cuMemGetHandleForAddressRange", &fn, 11070,
-                                                     cudaEnableDefault, &q);
-#else
     cudaError_t e =
-        cudaGetDriverEntryPoint("cuMemGetHandleForAddressRange", &fn, cudaEnableDefault, &q);
+        cudaGetDriverEntryPointByVersion("cuMemGetHandleForAddressRange", &fn, 11070, cudaEnableDefault, &q);
+#else
+    cudaError_t e = cudaGetDriverEntryPoint("cuMemGetHandleForAddressRange", &fn, cudaEnableDefault, &q);
 #endif
     int dmabuf_fd = -1;
     if (e == cudaSuccess && q == cudaDriverEntryPointSuccess && fn != nullptr &&
         reinterpret_cast<get_handle_fn>(fn)(&dmabuf_fd, reinterpret_cast<CUdeviceptr>(ptr), size,
-                                            CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
-                                            0) == CUDA_SUCCESS) {
+                                            CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) == CUDA_SUCCESS) {
       struct closer {
         int fd;
         ~closer() { ::close(fd); }
@@ -274,5 +256,29 @@ private:
 
   std::shared_ptr<detail::kmod_device> dev_;
 };
+
+namespace detail {
+
+inline std::vector<std::shared_ptr<transport>> open_pci_host_transports(const device_spec& spec) {
+  std::vector<std::shared_ptr<transport>> out;
+  for (const auto& path : spec.devices)
+    out.push_back(std::make_shared<pci_transport>(path));
+  return out;
+}
+
+inline gpu_transports open_pci_gpu_transports(const device_spec& spec) {
+  gpu_transports g;
+  g.controllers = open_pci_host_transports(spec);
+  g.rings = queue_ring_memory::gpu;
+  g.description = "pci (kernel module)";
+  return g;
+}
+
+} // namespace detail
+
+//! Real controllers through the kernel module, for host I/O and GPU submitters.
+inline const bool pci_transport_registered =
+    register_host_transport(device_kind::pci, &detail::open_pci_host_transports) &&
+    register_gpu_transport(device_kind::pci, &detail::open_pci_gpu_transports);
 
 } // namespace bam

@@ -5,7 +5,7 @@
 //! the driver above them is the same code.
 //!
 //! @code
-//!   std::shared_ptr<bam::transport> t = bam::emu::make_ram_controller(...);
+//!   std::shared_ptr<bam::transport> t = bam::emu::make_ram_emulated_controller(...);
 //!   auto buf = t->alloc(1 << 20);                 // DMA-able, zeroed
 //!   std::uint64_t bus = buf->bus_address(4096);   // what goes into a PRP
 //! @endcode
@@ -63,8 +63,7 @@ public:
     if (offset >= size_) {
       error_context c;
       c.errnum = ERANGE;
-      throw error("DMA offset " + std::to_string(offset) + " outside a region of " +
-                      std::to_string(size_) + " bytes",
+      throw error("DMA offset " + std::to_string(offset) + " outside a region of " + std::to_string(size_) + " bytes",
                   c);
     }
     return bus_[offset / dma_page_size] + offset % dma_page_size;
@@ -152,15 +151,17 @@ protected:
       error_context c;
       c.controller = name();
       c.errnum = EINVAL;
-      throw error(std::string("DMA mapping of ") + (kind == memory_kind::device ? "GPU" : "host") +
-                      " memory needs a non-empty, " + std::to_string(unit) +
-                      "-byte aligned buffer and length (got " + std::to_string(size) + " bytes at 0x" +
-                      [&] {
-                        char b[32];
-                        std::snprintf(b, sizeof b, "%llx", static_cast<unsigned long long>(a));
-                        return std::string(b);
-                      }() + ")",
-                  c);
+      throw error(
+          std::string("DMA mapping of ") + (kind == memory_kind::device ? "GPU" : "host") +
+              " memory needs a non-empty, " + std::to_string(unit) + "-byte aligned buffer and length (got " +
+              std::to_string(size) + " bytes at 0x" +
+              [&] {
+                char b[32];
+                std::snprintf(b, sizeof b, "%llx", static_cast<unsigned long long>(a));
+                return std::string(b);
+              }() +
+              ")",
+          c);
     }
   }
 
@@ -169,8 +170,7 @@ private:
   class owned_region : public dma_region {
   public:
     owned_region(std::unique_ptr<dma_region> m, void* mem)
-        : dma_region(m->data(), m->size(), m->kind(), m->page_bus()), mapping_(std::move(m)),
-          mem_(mem) {}
+        : dma_region(m->data(), m->size(), m->kind(), m->page_bus()), mapping_(std::move(m)), mem_(mem) {}
     ~owned_region() override {
       mapping_.reset();
       std::free(mem_);

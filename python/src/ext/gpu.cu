@@ -17,35 +17,6 @@ namespace {
 
 cudaStream_t as_stream(std::uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
-//! Threads per block of write_rows_kernel (a warp per row, as gather_rows).
-constexpr unsigned write_block_threads = 256;
-constexpr unsigned write_max_blocks = 1u << 15;
-
-template <class T>
-__global__ void __launch_bounds__(write_block_threads)
-    write_rows_kernel(array_ref<T> a, const std::int64_t* ids, std::uint64_t count,
-                      std::uint64_t row_width, const T* in) {
-  const std::uint64_t warp =
-      (blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x) / 32;
-  const std::uint64_t warps = static_cast<std::uint64_t>(gridDim.x) * blockDim.x / 32;
-  const unsigned lane = threadIdx.x % 32;
-  const std::uint64_t rows = row_count(a, row_width);
-  for (std::uint64_t r = warp; r < count; r += warps) {
-    // A negative id converts to a huge one: out of range, as in gather_rows.
-    const auto id = static_cast<std::uint64_t>(ids[r]);
-    if (id >= rows) {
-      if (lane == 0 && a.err != nullptr) {
-        constexpr std::uint64_t max = ~std::uint64_t{0};
-        const std::uint64_t first = id > max / row_width ? max : id * row_width;
-        a.err->record(nvme::status_out_of_range, true, first, false, 0, 0);
-      }
-      continue;
-    }
-    for (std::uint64_t k = lane; k < row_width; k += 32)
-      a.write(id * row_width + k, in[r * row_width + k]);
-  }
-}
-
 //! A failure recorded for a row id outside the array becomes a row_index_error.
 [[noreturn]] void rethrow_row_error(const error& e, std::uint64_t row_width, std::uint64_t rows) {
   const error_context& c = e.context();
@@ -58,8 +29,7 @@ __global__ void __launch_bounds__(write_block_threads)
       what = "a negative row id";
     else
       what = "row id " + std::to_string(row);
-    throw row_index_error(what + " is outside [0, " + std::to_string(rows) + ") of the array (" +
-                          e.what() + ")");
+    throw row_index_error(what + " is outside [0, " + std::to_string(rows) + ") of the array (" + e.what() + ")");
   }
   throw e;
 }
@@ -99,18 +69,14 @@ gpu_storage::gpu_storage(const std::string& device_string) {
 }
 std::uint32_t gpu_storage::controller_count() const { return state->storage.controller_count(); }
 std::uint32_t gpu_storage::lba_size() const { return state->storage.lba_size(); }
-std::uint64_t gpu_storage::blocks_per_controller() const {
-  return state->storage.blocks_per_controller();
-}
+std::uint64_t gpu_storage::blocks_per_controller() const { return state->storage.blocks_per_controller(); }
 std::string gpu_storage::name() const { return state->storage.name(); }
 std::string gpu_storage::transport_name() const { return state->storage.transport_name(); }
-void gpu_storage::write_media(std::uint32_t ctrl, std::uint64_t offset, const void* src,
-                              std::size_t bytes) const {
-  state->storage.write_media(ctrl, offset, src, bytes);
+void gpu_storage::write_media(std::uint32_t ctrl, std::uint64_t offset, const void* src, std::size_t bytes) const {
+  bam::emu::write_media(state->storage, ctrl, offset, src, bytes);
 }
-void gpu_storage::read_media(std::uint32_t ctrl, std::uint64_t offset, void* dst,
-                             std::size_t bytes) const {
-  state->storage.read_media(ctrl, offset, dst, bytes);
+void gpu_storage::read_media(std::uint32_t ctrl, std::uint64_t offset, void* dst, std::size_t bytes) const {
+  bam::emu::read_media(state->storage, ctrl, offset, dst, bytes);
 }
 
 struct gpu_cache_state {
@@ -137,10 +103,10 @@ void gpu_cache::flush(std::uintptr_t stream) { state->cache.flush(as_stream(stre
 //! One array of any element size: the bindings see bytes and an element size.
 struct gpu_array_state {
   virtual ~gpu_array_state() = default;
-  virtual void gather(const std::int64_t* ids, std::uint64_t count, std::uint64_t row_width,
-                      void* out, cudaStream_t stream) = 0;
-  virtual void write_rows(const std::int64_t* ids, std::uint64_t count, std::uint64_t row_width,
-                          const void* in, cudaStream_t stream) = 0;
+  virtual void gather(const std::int64_t* ids, std::uint64_t count, std::uint64_t row_width, void* out,
+                      cudaStream_t stream) = 0;
+  virtual void write_rows(const std::int64_t* ids, std::uint64_t count, std::uint64_t row_width, const void* in,
+                          cudaStream_t stream) = 0;
   virtual void check(cudaStream_t stream) = 0;
   virtual std::uint64_t size() const = 0;
 };
@@ -149,8 +115,7 @@ namespace {
 
 template <class T>
 struct typed_array final : gpu_array_state {
-  typed_array(gpu_cache& cache, const gpu_storage& s, std::uint64_t n, std::uint64_t start_lba,
-              cudaStream_t stream)
+  typed_array(gpu_cache& cache, const gpu_storage& s, std::uint64_t n, std::uint64_t start_lba, cudaStream_t stream)
       : keep_cache(cache.state), a(cache.state->cache, s.state->storage, n, start_lba, stream) {}
 
   void gather(const std::int64_t* ids, std::uint64_t count, std::uint64_t row_width, void* out,
@@ -159,20 +124,12 @@ struct typed_array final : gpu_array_state {
     checked(row_width, stream);
   }
 
-  void write_rows(const std::int64_t* ids, std::uint64_t count, std::uint64_t row_width,
-                  const void* in, cudaStream_t stream) override {
+  void write_rows(const std::int64_t* ids, std::uint64_t count, std::uint64_t row_width, const void* in,
+                  cudaStream_t stream) override {
     if (row_width == 0 || row_width > a.size())
       throw error("bam.Array: row width " + std::to_string(row_width) + " (1 to the array's " +
                   std::to_string(a.size()) + " elements)");
-    if (count != 0) {
-      constexpr std::uint64_t warps_per_block = write_block_threads / 32;
-      const std::uint64_t blocks = (count + warps_per_block - 1) / warps_per_block;
-      const unsigned grid =
-          static_cast<unsigned>(blocks < write_max_blocks ? blocks : write_max_blocks);
-      write_rows_kernel<T><<<grid, write_block_threads, 0, stream>>>(a.ref(), ids, count, row_width,
-                                                                     static_cast<const T*>(in));
-      BAM_CUDA_TRY(cudaGetLastError());
-    }
+    bam::scatter_rows(a, ids, count, row_width, static_cast<const T*>(in), stream);
     checked(row_width, stream);
   }
 
@@ -193,33 +150,23 @@ struct typed_array final : gpu_array_state {
 
 } // namespace
 
-gpu_array::gpu_array(gpu_cache& cache, const gpu_storage& storage, std::uint64_t elements,
-                     std::uint32_t element_size, std::uint64_t start_lba, std::uintptr_t stream) {
+gpu_array::gpu_array(gpu_cache& cache, const gpu_storage& storage, std::uint64_t elements, std::uint32_t element_size,
+                     std::uint64_t start_lba, std::uintptr_t stream) {
   const cudaStream_t s = as_stream(stream);
   switch (element_size) {
-  case 1:
-    state = std::make_shared<typed_array<std::uint8_t>>(cache, storage, elements, start_lba, s);
-    break;
-  case 2:
-    state = std::make_shared<typed_array<std::uint16_t>>(cache, storage, elements, start_lba, s);
-    break;
-  case 4:
-    state = std::make_shared<typed_array<std::uint32_t>>(cache, storage, elements, start_lba, s);
-    break;
-  case 8:
-    state = std::make_shared<typed_array<std::uint64_t>>(cache, storage, elements, start_lba, s);
-    break;
-  default:
-    throw error("bam.Array: element size " + std::to_string(element_size) +
-                " (1, 2, 4 or 8 bytes)");
+  case 1: state = std::make_shared<typed_array<std::uint8_t>>(cache, storage, elements, start_lba, s); break;
+  case 2: state = std::make_shared<typed_array<std::uint16_t>>(cache, storage, elements, start_lba, s); break;
+  case 4: state = std::make_shared<typed_array<std::uint32_t>>(cache, storage, elements, start_lba, s); break;
+  case 8: state = std::make_shared<typed_array<std::uint64_t>>(cache, storage, elements, start_lba, s); break;
+  default: throw error("bam.Array: element size " + std::to_string(element_size) + " (1, 2, 4 or 8 bytes)");
   }
 }
-void gpu_array::gather(const std::int64_t* ids, std::uint64_t count, std::uint64_t row_width,
-                       void* out, std::uintptr_t stream) {
+void gpu_array::gather(const std::int64_t* ids, std::uint64_t count, std::uint64_t row_width, void* out,
+                       std::uintptr_t stream) {
   state->gather(ids, count, row_width, out, as_stream(stream));
 }
-void gpu_array::write_rows(const std::int64_t* ids, std::uint64_t count, std::uint64_t row_width,
-                           const void* in, std::uintptr_t stream) {
+void gpu_array::write_rows(const std::int64_t* ids, std::uint64_t count, std::uint64_t row_width, const void* in,
+                           std::uintptr_t stream) {
   state->write_rows(ids, count, row_width, in, as_stream(stream));
 }
 void gpu_array::check(std::uintptr_t stream) { state->check(as_stream(stream)); }

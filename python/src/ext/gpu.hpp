@@ -45,8 +45,7 @@ public:
   std::string name() const;
   std::string transport_name() const;
   //! Host access straight to the media of software controller `ctrl`.
-  void write_media(std::uint32_t ctrl, std::uint64_t offset, const void* src,
-                   std::size_t bytes) const;
+  void write_media(std::uint32_t ctrl, std::uint64_t offset, const void* src, std::size_t bytes) const;
   void read_media(std::uint32_t ctrl, std::uint64_t offset, void* dst, std::size_t bytes) const;
 
   std::shared_ptr<gpu_storage_state> state;
@@ -73,15 +72,14 @@ public:
 //! or 8: the element's bytes are moved, whatever type they hold).
 class gpu_array {
 public:
-  gpu_array(gpu_cache& cache, const gpu_storage& storage, std::uint64_t elements,
-            std::uint32_t element_size, std::uint64_t start_lba, std::uintptr_t stream);
+  gpu_array(gpu_cache& cache, const gpu_storage& storage, std::uint64_t elements, std::uint32_t element_size,
+            std::uint64_t start_lba, std::uintptr_t stream);
   //! Rows `ids[0..count)` (rows of `row_width` elements) into `out`; waits
   //! for `stream` and throws `row_index_error` for an id outside [0, rows).
-  void gather(const std::int64_t* ids, std::uint64_t count, std::uint64_t row_width, void* out,
-              std::uintptr_t stream);
+  void gather(const std::int64_t* ids, std::uint64_t count, std::uint64_t row_width, void* out, std::uintptr_t stream);
   //! Rows of `in` to rows `ids[0..count)` through the cache; waits and checks as gather.
-  void write_rows(const std::int64_t* ids, std::uint64_t count, std::uint64_t row_width,
-                  const void* in, std::uintptr_t stream);
+  void write_rows(const std::int64_t* ids, std::uint64_t count, std::uint64_t row_width, const void* in,
+                  std::uintptr_t stream);
   //! Throws a failure the device recorded since the last check.
   void check(std::uintptr_t stream);
   std::uint64_t size() const;

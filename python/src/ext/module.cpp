@@ -4,9 +4,9 @@
 // (gpu.hpp): page cache, arrays, row gathers and writes on DLPack tensors.
 #include "gpu.hpp"
 
-#include <bam/controller.hpp>
-#include <bam/dataset.hpp>
-#include <bam/device_string.hpp>
+#include <bam/host.hpp>
+#include <bam/host/dataset.hpp>
+#include <bam/transport/device_string.hpp>
 #include <bam/error.hpp>
 #include <bam/transport/open.hpp>
 
@@ -136,8 +136,7 @@ public:
         std::vector<std::uint8_t> bytes(host_chunk_bytes);
         const std::uint64_t total = c.ns(1).blocks * c.ns(1).lba_size;
         for (std::uint64_t pos = 0; pos < total; pos += bytes.size()) {
-          const std::size_t n =
-              static_cast<std::size_t>(std::min<std::uint64_t>(bytes.size(), total - pos));
+          const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(bytes.size(), total - pos));
           read_host(c, pos, bytes.data(), n);
           g->write_media(i, pos, bytes.data(), n);
         }
@@ -150,15 +149,13 @@ public:
 
   //! A file (or block device) onto the device at byte `offset`; resumable
   //! where the host controller loads it.
-  transfer_result load_file(const std::string& path, std::uint64_t offset, bool resume,
-                            const transfer_control& ctl) {
+  transfer_result load_file(const std::string& path, std::uint64_t offset, bool resume, const transfer_control& ctl) {
     std::unique_lock lock(mutex_);
     if (!gpu_) {
       dataset_options o;
       o.offset = offset;
       o.resume = resume;
-      if (ctl.progress)
-        o.progress = [&](const transfer_progress& p) { ctl.progress(p.bytes_done, p.bytes_total); };
+      if (ctl.progress) o.progress = [&](const transfer_progress& p) { ctl.progress(p.bytes_done, p.bytes_total); };
       o.cancel = ctl.cancel;
       controller& c = single_host("load");
       const std::uint64_t size = file_bytes(path);
@@ -192,8 +189,8 @@ public:
   }
 
   //! `src.size` bytes onto the device at byte `offset`.
-  transfer_result load(const data_source& src, std::uint64_t offset, const std::string& state_path,
-                       bool resume, const transfer_control& ctl) {
+  transfer_result load(const data_source& src, std::uint64_t offset, const std::string& state_path, bool resume,
+                       const transfer_control& ctl) {
     std::lock_guard lock(mutex_);
     check_range("load", offset, src.size);
     if (!gpu_) {
@@ -201,8 +198,7 @@ public:
       o.offset = offset;
       o.state_path = state_path;
       o.resume = resume;
-      if (ctl.progress)
-        o.progress = [&](const transfer_progress& p) { ctl.progress(p.bytes_done, p.bytes_total); };
+      if (ctl.progress) o.progress = [&](const transfer_progress& p) { ctl.progress(p.bytes_done, p.bytes_total); };
       o.cancel = ctl.cancel;
       const dataset_result r = load_dataset(single_host("load"), src, o);
       return {r.bytes, r.checksum, r.seconds};
@@ -227,15 +223,13 @@ public:
   }
 
   //! `n` bytes at byte `offset` into the file `path`.
-  transfer_result dump(const std::string& path, std::uint64_t offset, std::uint64_t n,
-                       const transfer_control& ctl) {
+  transfer_result dump(const std::string& path, std::uint64_t offset, std::uint64_t n, const transfer_control& ctl) {
     std::lock_guard lock(mutex_);
     check_range("dump", offset, n);
     if (!gpu_) {
       dataset_options o;
       o.offset = offset;
-      if (ctl.progress)
-        o.progress = [&](const transfer_progress& p) { ctl.progress(p.bytes_done, p.bytes_total); };
+      if (ctl.progress) o.progress = [&](const transfer_progress& p) { ctl.progress(p.bytes_done, p.bytes_total); };
       o.cancel = ctl.cancel;
       const dataset_result r = dump_dataset(single_host("dump"), path, n, o);
       return {r.bytes, r.checksum, r.seconds};
@@ -275,9 +269,8 @@ private:
   void check_range(const char* what, std::uint64_t offset, std::uint64_t n) const {
     const std::uint64_t total = blocks() * lba_size();
     if (offset > total || n > total - offset)
-      invalid(std::string(what) + ": bytes [" + std::to_string(offset) + ", " +
-              std::to_string(offset + n) + ") do not fit in the " + std::to_string(total) +
-              " bytes of " + name());
+      invalid(std::string(what) + ": bytes [" + std::to_string(offset) + ", " + std::to_string(offset + n) +
+              ") do not fit in the " + std::to_string(total) + " bytes of " + name());
   }
 
   controller& single_host(const char* what) {
@@ -288,17 +281,16 @@ private:
   }
   void single_gpu(const char* what) const {
     if (gpu_->controller_count() != 1)
-      invalid(std::string(what) + " on " + spec_.text + ": " +
-              std::to_string(gpu_->controller_count()) +
+      invalid(std::string(what) + " on " + spec_.text + ": " + std::to_string(gpu_->controller_count()) +
               " controllers with pages striped over them; host transfers address one controller "
               "(ssds=1)");
   }
 
   static void read_host(controller& c, std::uint64_t offset, std::uint8_t* dst, std::uint64_t n) {
     const std::uint32_t lba = c.ns(1).lba_size;
-    const std::uint64_t chunk = std::max<std::uint64_t>(
-        std::min<std::uint64_t>(c.max_transfer_bytes(), host_chunk_bytes) / lba * lba, lba);
-    auto buf = c.transport_ref().alloc(chunk);
+    const std::uint64_t chunk =
+        std::max<std::uint64_t>(std::min<std::uint64_t>(c.max_transfer_bytes(), host_chunk_bytes) / lba * lba, lba);
+    auto buf = c.transport().alloc(chunk);
     std::uint64_t pos = offset;
     const std::uint64_t end = offset + n;
     while (pos < end) {
@@ -318,8 +310,7 @@ private:
     std::vector<std::uint8_t> buf(std::min(n, host_chunk_bytes));
     detail::xxh128_stream sum;
     for (std::uint64_t pos = 0; pos < n;) {
-      const std::size_t len =
-          static_cast<std::size_t>(std::min<std::uint64_t>(n - pos, buf.size()));
+      const std::size_t len = static_cast<std::size_t>(std::min<std::uint64_t>(n - pos, buf.size()));
       step(pos, buf.data(), len);
       sum.update(buf.data(), len);
       pos += len;
@@ -327,13 +318,10 @@ private:
       if (ctl.cancel != nullptr && ctl.cancel->load() && pos < n) {
         error_context c;
         c.errnum = EINTR;
-        throw error("transfer interrupted after " + std::to_string(pos) + " of " +
-                        std::to_string(n) + " bytes",
-                    c);
+        throw error("transfer interrupted after " + std::to_string(pos) + " of " + std::to_string(n) + " bytes", c);
       }
     }
-    return {n, sum.hex(),
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+    return {n, sum.hex(), std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
   }
 
   device_spec spec_;
@@ -424,13 +412,13 @@ void check_same_device(const cuda_ids& ids, const cuda_tensor& rows, const char*
             ", the rows on cuda:" + std::to_string(rows.device_id()));
 }
 
-void check_rows_bytes(const cuda_tensor& rows, std::uint64_t count, std::uint64_t row_width,
-                      std::uint32_t element_size, const char* what) {
+void check_rows_bytes(const cuda_tensor& rows, std::uint64_t count, std::uint64_t row_width, std::uint32_t element_size,
+                      const char* what) {
   const std::uint64_t want = count * row_width * element_size;
   if (rows.nbytes() != want)
-    invalid(std::string(what) + ": the rows tensor holds " + std::to_string(rows.nbytes()) +
-            " bytes, " + std::to_string(count) + " rows of " + std::to_string(row_width) +
-            " elements of " + std::to_string(element_size) + " bytes need " + std::to_string(want));
+    invalid(std::string(what) + ": the rows tensor holds " + std::to_string(rows.nbytes()) + " bytes, " +
+            std::to_string(count) + " rows of " + std::to_string(row_width) + " elements of " +
+            std::to_string(element_size) + " bytes need " + std::to_string(want));
 }
 
 PyObject* error_type = nullptr;
@@ -443,11 +431,11 @@ NB_MODULE(_core, m) {
   using namespace bam::python;
   m.doc() = "bam's extension module: device strings, host transfers, and the GPU page cache";
 
-  error_type = PyErr_NewExceptionWithDoc(
-      "bam.Error", "A failure in bam, as one line of bam's text.", PyExc_RuntimeError, nullptr);
+  error_type = PyErr_NewExceptionWithDoc("bam.Error", "A failure in bam, as one line of bam's text.",
+                                         PyExc_RuntimeError, nullptr);
   nb::object bases = nb::make_tuple(nb::handle(error_type), nb::handle(PyExc_IndexError));
-  row_index_error_type = PyErr_NewExceptionWithDoc(
-      "bam.RowIndexError", "A row id outside [0, rows) of a bam.Array.", bases.ptr(), nullptr);
+  row_index_error_type = PyErr_NewExceptionWithDoc("bam.RowIndexError", "A row id outside [0, rows) of a bam.Array.",
+                                                   bases.ptr(), nullptr);
   m.attr("Error") = nb::handle(error_type);
   m.attr("RowIndexError") = nb::handle(row_index_error_type);
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
@@ -482,8 +470,7 @@ NB_MODULE(_core, m) {
       "text"_a, "Parse a device string without opening anything.");
 
   nb::class_<storage_handle>(m, "Storage", "What a device string names (see bam.open).")
-      .def(nb::init<const std::string&>(), "device_string"_a,
-           nb::call_guard<nb::gil_scoped_release>())
+      .def(nb::init<const std::string&>(), "device_string"_a, nb::call_guard<nb::gil_scoped_release>())
       .def_prop_ro("device_string", &storage_handle::device_string)
       .def_prop_ro("name", &storage_handle::name)
       .def_prop_ro("transport", &storage_handle::transport)
@@ -497,24 +484,19 @@ NB_MODULE(_core, m) {
           [](storage_handle& s, const std::string& path, std::uint64_t offset, bool resume,
              std::optional<nb::callable> progress) {
             python_transfer t(std::move(progress));
-            return as_dict(t.run([&](const transfer_control& ctl) {
-              return s.load_file(path, offset, resume, ctl);
-            }));
+            return as_dict(t.run([&](const transfer_control& ctl) { return s.load_file(path, offset, resume, ctl); }));
           },
           "path"_a, "offset"_a, "resume"_a, "progress"_a.none())
       .def(
           "_load_bytes",
-          [](storage_handle& s, host_bytes data, std::uint64_t offset,
-             std::optional<nb::callable> progress) {
+          [](storage_handle& s, host_bytes data, std::uint64_t offset, std::optional<nb::callable> progress) {
             python_transfer t(std::move(progress));
             return as_dict(t.run([&](const transfer_control& ctl) {
               const auto* base = data.data();
               bam::data_source src;
               src.size = data.shape(0);
               src.identity = "memory";
-              src.read = [base](std::uint64_t off, void* dst, std::size_t len) {
-                std::memcpy(dst, base + off, len);
-              };
+              src.read = [base](std::uint64_t off, void* dst, std::size_t len) { std::memcpy(dst, base + off, len); };
               const std::string state = memory_load_state_path();
               try {
                 return s.load(src, offset, state, false, ctl);
@@ -530,14 +512,13 @@ NB_MODULE(_core, m) {
           "_read",
           [](storage_handle& s, std::uint64_t offset, std::uint64_t nbytes) {
             auto* v = new std::vector<std::uint8_t>(nbytes);
-            nb::capsule owner(
-                v, [](void* p) noexcept { delete static_cast<std::vector<std::uint8_t>*>(p); });
+            nb::capsule owner(v, [](void* p) noexcept { delete static_cast<std::vector<std::uint8_t>*>(p); });
             {
               nb::gil_scoped_release nogil;
               s.read(offset, v->data(), nbytes);
             }
-            return nb::ndarray<nb::numpy, std::uint8_t, nb::ndim<1>>(
-                v->data(), {static_cast<std::size_t>(nbytes)}, owner);
+            return nb::ndarray<nb::numpy, std::uint8_t, nb::ndim<1>>(v->data(), {static_cast<std::size_t>(nbytes)},
+                                                                     owner);
           },
           "offset"_a, "nbytes"_a)
       .def(
@@ -545,19 +526,17 @@ NB_MODULE(_core, m) {
           [](storage_handle& s, const std::string& path, std::uint64_t offset, std::uint64_t nbytes,
              std::optional<nb::callable> progress) {
             python_transfer t(std::move(progress));
-            return as_dict(t.run(
-                [&](const transfer_control& ctl) { return s.dump(path, offset, nbytes, ctl); }));
+            return as_dict(t.run([&](const transfer_control& ctl) { return s.dump(path, offset, nbytes, ctl); }));
           },
           "path"_a, "offset"_a, "nbytes"_a, "progress"_a.none())
       .def("__repr__", [](const storage_handle& s) {
         return "bam.Storage('" + s.device_string() + "', " + std::to_string(s.controller_count()) +
-               " controller(s) of " + std::to_string(s.blocks()) + " blocks of " +
-               std::to_string(s.lba_size()) + " B)";
+               " controller(s) of " + std::to_string(s.blocks()) + " blocks of " + std::to_string(s.lba_size()) + " B)";
       });
 
   nb::class_<gpu_cache>(m, "_PageCache")
-      .def(nb::init<std::size_t, std::size_t, std::uint32_t>(), "page_size"_a, "capacity"_a,
-           "ways"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def(nb::init<std::size_t, std::size_t, std::uint32_t>(), "page_size"_a, "capacity"_a, "ways"_a,
+           nb::call_guard<nb::gil_scoped_release>())
       .def_prop_ro("page_size", &gpu_cache::page_size)
       .def_prop_ro("slot_count", &gpu_cache::slot_count)
       .def(
@@ -576,8 +555,8 @@ NB_MODULE(_core, m) {
   nb::class_<gpu_array>(m, "_Array")
       .def(
           "__init__",
-          [](gpu_array* self, gpu_cache& cache, storage_handle& s, std::uint64_t elements,
-             std::uint32_t element_size, std::uint64_t start_lba, std::uintptr_t stream) {
+          [](gpu_array* self, gpu_cache& cache, storage_handle& s, std::uint64_t elements, std::uint32_t element_size,
+             std::uint64_t start_lba, std::uintptr_t stream) {
             nb::gil_scoped_release nogil;
             require_gpu();
             new (self) gpu_array(cache, s.gpu(), elements, element_size, start_lba, stream);
@@ -586,8 +565,8 @@ NB_MODULE(_core, m) {
       .def_prop_ro("size", &gpu_array::size)
       .def(
           "gather",
-          [](gpu_array& a, cuda_ids ids, cuda_tensor out, std::uint64_t row_width,
-             std::uint32_t element_size, std::uintptr_t stream) {
+          [](gpu_array& a, cuda_ids ids, cuda_tensor out, std::uint64_t row_width, std::uint32_t element_size,
+             std::uintptr_t stream) {
             check_same_device(ids, out, "bam.Array gather");
             check_rows_bytes(out, ids.shape(0), row_width, element_size, "bam.Array gather");
             nb::gil_scoped_release nogil;
@@ -596,8 +575,8 @@ NB_MODULE(_core, m) {
           "ids"_a, "out"_a, "row_width"_a, "element_size"_a, "stream"_a)
       .def(
           "write_rows",
-          [](gpu_array& a, cuda_ids ids, cuda_tensor rows, std::uint64_t row_width,
-             std::uint32_t element_size, std::uintptr_t stream) {
+          [](gpu_array& a, cuda_ids ids, cuda_tensor rows, std::uint64_t row_width, std::uint32_t element_size,
+             std::uintptr_t stream) {
             check_same_device(ids, rows, "bam.Array write");
             check_rows_bytes(rows, ids.shape(0), row_width, element_size, "bam.Array write");
             nb::gil_scoped_release nogil;

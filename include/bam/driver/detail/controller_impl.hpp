@@ -14,10 +14,10 @@ namespace bam {
 
 // ---- construction and teardown ---------------------------------------------
 
-inline controller::controller(std::shared_ptr<transport> t, controller_options opts)
+inline controller::controller(std::shared_ptr<bam::transport> t, controller_options opts)
     : transport_(std::move(t)), opts_(std::move(opts)) {
   if (!transport_) throw error("controller needs a transport");
-  if (!opts_.ring_alloc) opts_.ring_alloc = [](transport& tr, std::size_t bytes) { return tr.alloc(bytes); };
+  if (!opts_.ring_alloc) opts_.ring_alloc = [](bam::transport& tr, std::size_t bytes) { return tr.alloc(bytes); };
   if (static_cast<bool>(opts_.state_alloc) != static_cast<bool>(opts_.state_free))
     throw error("controller_options: state_alloc and state_free must be given together");
   host_state_ = !opts_.state_alloc;
@@ -163,7 +163,7 @@ inline void controller::bring_up() {
 inline controller::queue_resources controller::make_queue(std::uint16_t qid, std::uint32_t depth,
                                                           std::uint64_t timeout_ns, bool on_device) {
   queue_resources q;
-  const std::size_t bytes = cq_offset(depth) + transport::round_up(sizeof(nvme::completion) * depth);
+  const std::size_t bytes = cq_offset(depth) + bam::transport::round_up(sizeof(nvme::completion) * depth);
   q.rings = qid == 0 ? transport_->alloc(bytes) : opts_.ring_alloc(*transport_, bytes);
   // Queues are created physically contiguous (PC=1; CAP.CQR may demand it):
   // each ring must be one run of bus addresses.
@@ -206,8 +206,8 @@ inline controller::queue_resources controller::make_queue(std::uint16_t qid, std
   return q;
 }
 
-inline void controller::check_contiguous(const dma_region& r, std::size_t offset, std::size_t bytes,
-                                         std::uint16_t qid, const char* which) const {
+inline void controller::check_contiguous(const dma_region& r, std::size_t offset, std::size_t bytes, std::uint16_t qid,
+                                         const char* which) const {
   const auto& bus = r.page_bus();
   const std::size_t first = offset / dma_page_size, pages = (bytes + dma_page_size - 1) / dma_page_size;
   for (std::size_t i = 1; i < pages; ++i) {
@@ -218,7 +218,7 @@ inline void controller::check_contiguous(const dma_region& r, std::size_t offset
       throw error(std::string(which) + " queue memory is not contiguous in bus address space (page " +
                       std::to_string(i) + " of " + std::to_string(pages) +
                       "): queues are created physically contiguous; allocate them with "
-                      "transport::alloc or a ring_alloc that returns contiguous memory",
+                      "bam::transport::alloc or a ring_alloc that returns contiguous memory",
                   c);
     }
   }
@@ -227,13 +227,16 @@ inline void controller::check_contiguous(const dma_region& r, std::size_t offset
 inline void controller::release_queues() {
   auto release = [&](queue_resources& q, bool admin_queue) {
     if (q.state != nullptr) {
-      if (admin_queue) std::free(q.state);
-      else opts_.state_free(q.state);
+      if (admin_queue)
+        std::free(q.state);
+      else
+        opts_.state_free(q.state);
       q.state = nullptr;
     }
     q.rings.reset();
   };
-  for (auto& q : io_) release(q, false);
+  for (auto& q : io_)
+    release(q, false);
   io_.clear();
   release(admin_, true);
   prp_.reset();
@@ -274,11 +277,12 @@ inline void controller::identify_namespaces() {
     // NVMe 1.0 controllers lack CNS 2 (Invalid Field): every NSID up to NN
     // is a candidate. Any other failure is reported as it is.
     const auto st = e.status();
-    const bool unsupported = st && st->sct() == nvme::status_type::generic &&
-                             (st->sc() == nvme::generic_status::invalid_field ||
-                              st->sc() == nvme::generic_status::invalid_opcode);
+    const bool unsupported =
+        st && st->sct() == nvme::status_type::generic &&
+        (st->sc() == nvme::generic_status::invalid_field || st->sc() == nvme::generic_status::invalid_opcode);
     if (!unsupported) throw;
-    for (std::uint32_t n = 1; n <= id_ctrl_.nn && n <= 1024; ++n) ids.push_back(n);
+    for (std::uint32_t n = 1; n <= id_ctrl_.nn && n <= 1024; ++n)
+      ids.push_back(n);
   }
   for (std::uint32_t nsid : ids) {
     std::memset(page->data(), 0, nvme::identify_data_size);
@@ -294,8 +298,8 @@ inline void controller::identify_namespaces() {
     // LBADS is at least 9 (512 B) by the spec; beyond 2^24 nothing here could buffer a block.
     if (lbads < min_lba_shift || lbads > max_lba_shift) {
       warn("controller " + name_ + ": namespace " + std::to_string(nsid) + " reports LBA data size 2^" +
-           std::to_string(lbads) + " (format " + std::to_string(fmt) + "), outside 2^" +
-           std::to_string(min_lba_shift) + "..2^" + std::to_string(max_lba_shift) + ": namespace not used");
+           std::to_string(lbads) + " (format " + std::to_string(fmt) + "), outside 2^" + std::to_string(min_lba_shift) +
+           "..2^" + std::to_string(max_lba_shift) + ": namespace not used");
       continue;
     }
     info.lba_size = 1u << lbads;
@@ -381,7 +385,8 @@ inline void* controller::host_state_alloc(std::size_t bytes) {
 
 inline std::string controller::trim(const char* s, std::size_t n) {
   std::string out(s, strnlen(s, n));
-  while (!out.empty() && (out.back() == ' ' || out.back() == '\0')) out.pop_back();
+  while (!out.empty() && (out.back() == ' ' || out.back() == '\0'))
+    out.pop_back();
   return out;
 }
 
@@ -413,8 +418,7 @@ inline std::uint32_t controller::admin(nvme::command cmd, const dma_region* data
   return admin_raw(cmd, data, bytes, late);
 }
 
-inline std::uint32_t controller::admin_owned(nvme::command cmd, std::unique_ptr<dma_region>& data,
-                                             std::size_t bytes) {
+inline std::uint32_t controller::admin_owned(nvme::command cmd, std::unique_ptr<dma_region>& data, std::size_t bytes) {
   bool late = false;
   try {
     return admin_raw(cmd, data.get(), bytes, late);
@@ -437,8 +441,7 @@ inline void controller::write_zeroes(std::uint32_t nsid, std::uint64_t lba, std:
   }
 }
 
-inline void controller::deallocate(std::uint32_t nsid, std::uint64_t lba, std::uint32_t nblocks,
-                                   std::uint32_t queue) {
+inline void controller::deallocate(std::uint32_t nsid, std::uint64_t lba, std::uint32_t nblocks, std::uint32_t queue) {
   check_range(nsid, lba, nblocks);
   auto range = transport_->alloc(dma_page_size);
   auto* r = range->as<nvme::dsm_range>();
@@ -455,8 +458,8 @@ inline void controller::set_prps(nvme::command& cmd, const dma_region& buf, std:
     error_context c;
     c.controller = name_;
     c.errnum = ERANGE;
-    throw error("transfer of " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) +
-                    " overruns a " + std::to_string(buf.size()) + "-byte buffer",
+    throw error("transfer of " + std::to_string(bytes) + " bytes at offset " + std::to_string(offset) + " overruns a " +
+                    std::to_string(buf.size()) + "-byte buffer",
                 c);
   }
   nvme::prp_pair prp;
@@ -546,8 +549,7 @@ inline void controller::block_io(nvme::nvm_opcode op, std::uint32_t nsid, std::u
                     " bytes at offset " + std::to_string(offset) + " (dword-aligned offset required)",
                 c);
   }
-  const std::uint32_t max_blocks =
-      static_cast<std::uint32_t>(std::min<std::uint64_t>(max_transfer_ / lba_size, 65536));
+  const std::uint32_t max_blocks = static_cast<std::uint32_t>(std::min<std::uint64_t>(max_transfer_ / lba_size, 65536));
   const char* what = op == nvme::nvm_opcode::read ? "read failed" : "write failed";
   // Keep a few chunks in flight per call; each holds one PRP pool entry.
   constexpr std::size_t window = 8;
@@ -590,7 +592,8 @@ inline void controller::block_io(nvme::nvm_opcode op, std::uint32_t nsid, std::u
       set_prps(cmd, buf, offset + done * lba_size, static_cast<std::size_t>(n) * lba_size, list_virt, list_bus, lp);
     } catch (...) {
       prp_.release(entry);
-      while (!pending.empty()) finish_one();
+      while (!pending.empty())
+        finish_one();
       throw;
     }
     auto f = std::make_unique<inflight>();
@@ -607,7 +610,8 @@ inline void controller::block_io(nvme::nvm_opcode op, std::uint32_t nsid, std::u
     pending.push_back(std::move(f));
     done += n;
   }
-  while (!pending.empty()) finish_one();
+  while (!pending.empty())
+    finish_one();
   if (first_error) throw *first_error;
 }
 

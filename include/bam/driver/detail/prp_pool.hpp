@@ -35,7 +35,8 @@ public:
     if (pages_per_entry_ > max_pages_per_entry) pages_per_entry_ = max_pages_per_entry;
     pages_ = t.alloc(entries * pages_per_entry_ * dma_page_size);
     free_.clear();
-    for (std::uint32_t i = 0; i < entries; ++i) free_.push_back(i);
+    for (std::uint32_t i = 0; i < entries; ++i)
+      free_.push_back(i);
   }
 
   std::size_t pages_per_entry() const { return pages_per_entry_; }

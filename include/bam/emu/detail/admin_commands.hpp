@@ -17,9 +17,7 @@ inline command_outcome emulated_controller::run_admin(const nvme::command& cmd) 
   switch (static_cast<op>(cmd.opcode)) {
   case op::identify: out.status = identify(cmd); break;
   case op::set_features:
-  case op::get_features:
-    out.status = features(cmd, static_cast<op>(cmd.opcode) == op::set_features, out.dw0);
-    break;
+  case op::get_features: out.status = features(cmd, static_cast<op>(cmd.opcode) == op::set_features, out.dw0); break;
   case op::create_io_cq: out.status = create_cq(cmd); break;
   case op::create_io_sq: out.status = create_sq(cmd); break;
   case op::delete_io_sq: out.status = delete_sq(cmd); break;
@@ -91,8 +89,7 @@ inline nvme::status emulated_controller::identify(const nvme::command& cmd) {
     break;
   }
   case nvme::identify_cns::active_ns_list: {
-    if (cmd.nsid >= detail::nsid_broadcast - 1)
-      return detail::generic(generic_status::invalid_namespace);
+    if (cmd.nsid >= detail::nsid_broadcast - 1) return detail::generic(generic_status::invalid_namespace);
     auto* list = reinterpret_cast<std::uint32_t*>(page);
     std::size_t n = 0;
     for (std::uint32_t id = cmd.nsid + 1; id <= ns_.size() && n < detail::ns_list_entries; ++id)
@@ -107,8 +104,7 @@ inline nvme::status emulated_controller::identify(const nvme::command& cmd) {
 inline nvme::status emulated_controller::features(const nvme::command& cmd, bool set, std::uint32_t& dw0) {
   using nvme::feature_id;
   const nvme::features_cdw10 d10{cmd.cdw10};
-  if (!set && d10.bits.sel > 1)
-    return detail::generic(nvme::generic_status::invalid_field); // current/default only
+  if (!set && d10.bits.sel > 1) return detail::generic(nvme::generic_status::invalid_field); // current/default only
   switch (static_cast<feature_id>(d10.bits.fid)) {
   case feature_id::number_of_queues: {
     std::lock_guard lock(queues_mutex_);
@@ -120,8 +116,7 @@ inline nvme::status emulated_controller::features(const nvme::command& cmd, bool
       const std::uint32_t cap = cfg_.max_io_queues - 1;
       allocated_queues_ = std::pair{std::min(nsqr, cap), std::min(ncqr, cap)};
     }
-    const auto [nsqa, ncqa] =
-        allocated_queues_.value_or(std::pair{cfg_.max_io_queues - 1, cfg_.max_io_queues - 1});
+    const auto [nsqa, ncqa] = allocated_queues_.value_or(std::pair{cfg_.max_io_queues - 1, cfg_.max_io_queues - 1});
     nvme::number_of_queues got{};
     got.bits.nsq = nsqa;
     got.bits.ncq = ncqa;
@@ -148,15 +143,11 @@ inline nvme::status emulated_controller::create_cq(const nvme::command& cmd) {
   const std::uint32_t qid = d10.bits.qid;
   const std::uint32_t entries = d10.bits.qsize + 1u;
   std::lock_guard lock(queues_mutex_);
-  const std::uint32_t limit =
-      allocated_queues_ ? allocated_queues_->second + 1 : cfg_.max_io_queues;
-  if (qid == 0 || qid > limit || cqs_[qid])
-    return detail::specific(css::invalid_queue_identifier);
-  if (entries < 2 || entries > cfg_.max_queue_entries)
-    return detail::specific(css::invalid_queue_size);
+  const std::uint32_t limit = allocated_queues_ ? allocated_queues_->second + 1 : cfg_.max_io_queues;
+  if (qid == 0 || qid > limit || cqs_[qid]) return detail::specific(css::invalid_queue_identifier);
+  if (entries < 2 || entries > cfg_.max_queue_entries) return detail::specific(css::invalid_queue_size);
   if (d11.bits.pc == 0) return detail::generic(nvme::generic_status::invalid_field); // CAP.CQR
-  if (cmd.prp1 % dma_page_size != 0)
-    return detail::generic(nvme::generic_status::invalid_prp_offset);
+  if (cmd.prp1 % dma_page_size != 0) return detail::generic(nvme::generic_status::invalid_prp_offset);
   void* ring = dma_->translate(cmd.prp1, std::uint64_t{entries} * sizeof(nvme::completion));
   if (ring == nullptr) return detail::generic(nvme::generic_status::data_transfer_error);
   auto st = std::make_unique<cq_state>();
@@ -180,15 +171,11 @@ inline nvme::status emulated_controller::create_sq(const nvme::command& cmd) {
   queue_info q;
   {
     std::lock_guard lock(queues_mutex_);
-    if (qid == 0 || qid > queue_id_limit() || sqs_[qid])
-      return detail::specific(css::invalid_queue_identifier);
-    if (entries < 2 || entries > cfg_.max_queue_entries)
-      return detail::specific(css::invalid_queue_size);
+    if (qid == 0 || qid > queue_id_limit() || sqs_[qid]) return detail::specific(css::invalid_queue_identifier);
+    if (entries < 2 || entries > cfg_.max_queue_entries) return detail::specific(css::invalid_queue_size);
     if (d11.bits.pc == 0) return detail::generic(nvme::generic_status::invalid_field);
-    if (cqid == 0 || cqid > cfg_.max_io_queues || !cqs_[cqid])
-      return detail::specific(css::invalid_completion_queue);
-    if (cmd.prp1 % dma_page_size != 0)
-      return detail::generic(nvme::generic_status::invalid_prp_offset);
+    if (cqid == 0 || cqid > cfg_.max_io_queues || !cqs_[cqid]) return detail::specific(css::invalid_completion_queue);
+    if (cmd.prp1 % dma_page_size != 0) return detail::generic(nvme::generic_status::invalid_prp_offset);
     void* ring = dma_->translate(cmd.prp1, std::uint64_t{entries} * sizeof(nvme::command));
     if (ring == nullptr) return detail::generic(nvme::generic_status::data_transfer_error);
     sqs_[qid] = io_sq{static_cast<std::uint16_t>(cqid), entries};
@@ -232,8 +219,7 @@ inline nvme::status emulated_controller::delete_cq(const nvme::command& cmd) {
   namespace css = nvme::command_specific_status;
   const std::uint32_t qid = nvme::queue_id_cdw10{cmd.cdw10}.bits.qid;
   std::lock_guard lock(queues_mutex_);
-  if (qid == 0 || qid > cfg_.max_io_queues || !cqs_[qid])
-    return detail::specific(css::invalid_queue_identifier);
+  if (qid == 0 || qid > cfg_.max_io_queues || !cqs_[qid]) return detail::specific(css::invalid_queue_identifier);
   if (cqs_[qid]->sq_users != 0) return detail::specific(css::invalid_queue_deletion);
   cqs_[qid].reset();
   return nvme::status_success;
@@ -253,8 +239,7 @@ inline nvme::status emulated_controller::get_log_page(const nvme::command& cmd) 
     std::lock_guard lock(error_mutex_);
     std::size_t i = 0;
     for (auto it = error_log_.rbegin(); it != error_log_.rend(); ++it, ++i) // newest first
-      std::memcpy(log.data() + i * sizeof(nvme_error_log_page), &*it,
-                  sizeof(nvme_error_log_page));
+      std::memcpy(log.data() + i * sizeof(nvme_error_log_page), &*it, sizeof(nvme_error_log_page));
     break;
   }
   case nvme::log_page_id::smart_health: {
@@ -266,10 +251,8 @@ inline nvme::status emulated_controller::get_log_page(const nvme::command& cmd) 
     s->spare_thresh = 10;
     const controller_counters c = counters();
     constexpr std::uint64_t units_per_data_unit = 1000; // "thousands of 512 bytes", rounded up
-    detail::set_u128(s->data_units_read,
-                     (c.data_units_read + units_per_data_unit - 1) / units_per_data_unit);
-    detail::set_u128(s->data_units_written,
-                     (c.data_units_written + units_per_data_unit - 1) / units_per_data_unit);
+    detail::set_u128(s->data_units_read, (c.data_units_read + units_per_data_unit - 1) / units_per_data_unit);
+    detail::set_u128(s->data_units_written, (c.data_units_written + units_per_data_unit - 1) / units_per_data_unit);
     detail::set_u128(s->host_reads, c.host_reads);
     detail::set_u128(s->host_writes, c.host_writes);
     detail::set_u128(s->power_cycles, 1);
@@ -288,8 +271,7 @@ inline nvme::status emulated_controller::get_log_page(const nvme::command& cmd) 
   }
   default: return detail::specific(nvme::command_specific_status::invalid_log_page);
   }
-  if (offset % 4 != 0 || offset >= log.size())
-    return detail::generic(nvme::generic_status::invalid_field);
+  if (offset % 4 != 0 || offset >= log.size()) return detail::generic(nvme::generic_status::invalid_field);
   // NUMD reaches 16 GiB: a request past MDTS is refused, as for any data
   // transfer, and the part past the end of the log (zeroes) is written
   // straight into the host's pages, never staged here.

@@ -73,10 +73,9 @@ private:
 //! A mapping in a `dma_table`; removes itself when destroyed (even after the controller).
 class emu_dma_region final : public dma_region {
 public:
-  emu_dma_region(std::shared_ptr<dma_table> table, void* ptr, std::size_t size, memory_kind kind,
-                 std::uint64_t bus, std::uint64_t key)
-      : dma_region(ptr, size, kind, page_list(bus, size)), table_(std::move(table)), bus_(bus),
-        key_(key) {}
+  emu_dma_region(std::shared_ptr<dma_table> table, void* ptr, std::size_t size, memory_kind kind, std::uint64_t bus,
+                 std::uint64_t key)
+      : dma_region(ptr, size, kind, page_list(bus, size)), table_(std::move(table)), bus_(bus), key_(key) {}
   ~emu_dma_region() override { table_->remove(bus_, key_); }
 
 private:

@@ -4,7 +4,9 @@
 //! them. There is no persistent server kernel (gpu-machine.md lists the two
 //! hazards one has): a warp that waits for a completion calls
 //! `bam::make_progress` (transport/device_progress.cuh), which lands in
-//! `serve_warp` here. The whole warp serves:
+//! `serve_warp` here through the hook of gpu_engine_progress.cuh, compiled
+//! into the kernels of a translation unit that includes that header before
+//! the runtime's. The whole warp serves:
 //!   1. one lane claims up to 32 fetched SQ entries (an atomic virtual SQ
 //!      head against the tail doorbell word in GPU memory), each lane copies
 //!      one 64-byte entry;
@@ -65,15 +67,15 @@ struct gpu_backend {
 
   BAM_DEVICE static bool read_list(std::uint64_t bus, std::uint64_t* dst, std::size_t n) {
     const auto* src = reinterpret_cast<const unsigned long long*>(bus);
-    for (std::size_t i = 0; i < n; ++i) dst[i] = bam::detail::ld_cg(src + i); // written by another SM
+    for (std::size_t i = 0; i < n; ++i)
+      dst[i] = bam::detail::ld_cg(src + i); // written by another SM
     return true;
   }
   BAM_DEVICE nvme::status move(std::uint32_t, std::uint64_t offset, std::uint64_t bytes, const nvme::command& cmd,
                                bool write) {
     const nvme::status st = nvme::walk_prp(
-        cmd.prp1, cmd.prp2, bytes, dma_page_size_bytes, [](std::uint64_t bus, std::uint64_t* dst, std::size_t n) {
-          return read_list(bus, dst, n);
-        },
+        cmd.prp1, cmd.prp2, bytes, dma_page_size_bytes,
+        [](std::uint64_t bus, std::uint64_t* dst, std::size_t n) { return read_list(bus, dst, n); },
         [](std::uint64_t, std::uint64_t) { return true; });
     if (!st.ok()) return st;
     if (e->media != nullptr) job = {e->media + offset, cmd.prp1, cmd.prp2, bytes, write ? 2u : 1u};
@@ -120,19 +122,24 @@ BAM_DEVICE inline void warp_copy(void* dst, const void* src, std::uint64_t len, 
     for (; i + (in_flight - 1) * lanes < n; i += in_flight * lanes) {
       uint4 r[in_flight];
 #pragma unroll
-      for (unsigned k = 0; k < in_flight; ++k) r[k] = bam::detail::ld_cg(sv + i + k * lanes);
+      for (unsigned k = 0; k < in_flight; ++k)
+        r[k] = bam::detail::ld_cg(sv + i + k * lanes);
 #pragma unroll
-      for (unsigned k = 0; k < in_flight; ++k) bam::detail::st_cg(dv + i + k * lanes, r[k]);
+      for (unsigned k = 0; k < in_flight; ++k)
+        bam::detail::st_cg(dv + i + k * lanes, r[k]);
     }
-    for (; i < n; i += lanes) bam::detail::st_cg(dv + i, bam::detail::ld_cg(sv + i));
+    for (; i < n; i += lanes)
+      bam::detail::st_cg(dv + i, bam::detail::ld_cg(sv + i));
   } else {
     // PRP offsets are dword aligned: 4-byte words always work.
     auto* dv = static_cast<unsigned*>(dst);
     const auto* sv = static_cast<const unsigned*>(src);
-    for (std::uint64_t i = me; i < len / 4; i += lanes) bam::detail::st_cg(dv + i, bam::detail::ld_cg(sv + i));
+    for (std::uint64_t i = me; i < len / 4; i += lanes)
+      bam::detail::st_cg(dv + i, bam::detail::ld_cg(sv + i));
     auto* db = static_cast<unsigned char*>(dst);
     const auto* sb = static_cast<const unsigned char*>(src);
-    for (std::uint64_t i = (len & ~3ull) + me; i < len; i += lanes) db[i] = sb[i];
+    for (std::uint64_t i = (len & ~3ull) + me; i < len; i += lanes)
+      db[i] = sb[i];
   }
 }
 
@@ -141,10 +148,13 @@ BAM_DEVICE inline void warp_zero(void* dst, std::uint64_t len, unsigned mask) {
   const unsigned me = __popc(mask & ((1u << lane_index()) - 1));
   auto* b = static_cast<unsigned char*>(dst);
   if ((reinterpret_cast<std::uintptr_t>(dst) & 15u) == 0) {
-    for (std::uint64_t i = me; i < len / 16; i += lanes) bam::detail::st_cg(reinterpret_cast<uint4*>(b) + i, uint4{0, 0, 0, 0});
-    for (std::uint64_t i = (len & ~15ull) + me; i < len; i += lanes) b[i] = 0;
+    for (std::uint64_t i = me; i < len / 16; i += lanes)
+      bam::detail::st_cg(reinterpret_cast<uint4*>(b) + i, uint4{0, 0, 0, 0});
+    for (std::uint64_t i = (len & ~15ull) + me; i < len; i += lanes)
+      b[i] = 0;
   } else {
-    for (std::uint64_t i = me; i < len; i += lanes) b[i] = 0;
+    for (std::uint64_t i = me; i < len; i += lanes)
+      b[i] = 0;
   }
 }
 
@@ -162,8 +172,10 @@ BAM_DEVICE inline void warp_run_job(const gpu_copy_job& job, unsigned mask) {
       [](std::uint64_t bus, std::uint64_t* d, std::size_t n) { return gpu_backend::read_list(bus, d, n); },
       [&](std::uint64_t bus, std::uint64_t len) {
         void* target = reinterpret_cast<void*>(bus);
-        if (job.kind == 1) warp_copy(target, job.media + done, len, mask);
-        else warp_copy(job.media + done, target, len, mask);
+        if (job.kind == 1)
+          warp_copy(target, job.media + done, len, mask);
+        else
+          warp_copy(job.media + done, target, len, mask);
         done += len;
         return true;
       });
@@ -270,7 +282,8 @@ BAM_DEVICE BAM_NOINLINE inline unsigned serve_warp(const gpu_engine_ref& e, std:
 
   // 5. Hold the completions back as the SSD model and the fault rules say.
   constexpr std::uint64_t max_delay_ns = 0xffffffffull; // a fault delay beyond ~4 s is cut there
-  const unsigned my_delay = post ? static_cast<unsigned>(out.delay_ns < max_delay_ns ? out.delay_ns : max_delay_ns) : 0u;
+  const unsigned my_delay =
+      post ? static_cast<unsigned>(out.delay_ns < max_delay_ns ? out.delay_ns : max_delay_ns) : 0u;
   std::uint64_t due = start + __reduce_max_sync(mask, my_delay);
   if (e.model != nullptr && lane == leader) {
     const std::uint64_t ns_per_io = e.model->ns_per_io, latency = e.model->latency_ns;
@@ -289,7 +302,8 @@ BAM_DEVICE BAM_NOINLINE inline unsigned serve_warp(const gpu_engine_ref& e, std:
     }
   }
   due = __shfl_sync(mask, static_cast<unsigned long long>(due), leader);
-  while (bam::detail::now_ns() < due) bam::detail::relax(256);
+  while (bam::detail::now_ns() < due)
+    bam::detail::relax(256);
 
   // 6. Reserve CQ slots, wait for room, post.
   const unsigned posting = __ballot_sync(mask, post);
@@ -329,8 +343,8 @@ BAM_DEVICE BAM_NOINLINE inline unsigned serve_warp(const gpu_engine_ref& e, std:
     // Completions are posted out of fetch order, so report the count of CQ
     // slots up to this one: each belongs to a command already fetched (one SQ
     // per CQ, which this engine enforces), so it is a safe, monotonic bound.
-    write_completion(q.cq, cdepth, v, static_cast<std::uint16_t>((v + 1) % depth), qid, cmd.cid, out.status,
-                     out.dw0, nvme::memory_scope::device);
+    write_completion(q.cq, cdepth, v, static_cast<std::uint16_t>((v + 1) % depth), qid, cmd.cid, out.status, out.dw0,
+                     nvme::memory_scope::device);
   }
   if (lane == leader) dev_atomic<std::uint64_t>(q.served).fetch_add(n, cuda::memory_order_relaxed);
   return k;

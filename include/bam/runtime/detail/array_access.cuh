@@ -30,8 +30,10 @@ namespace detail {
 //! may batch with its neighbours.
 template <bool Ordered, class W>
 BAM_DEVICE W load_cg_word(const W* p) {
-  if constexpr (Ordered) return ld_cg(p);
-  else return __ldcg(p);
+  if constexpr (Ordered)
+    return ld_cg(p);
+  else
+    return __ldcg(p);
 }
 
 //! Load a T from cache memory without L1 (another SM or the engine may have filled it).
@@ -55,7 +57,8 @@ BAM_DEVICE T load_uncached(const T* p) {
     const auto* s = reinterpret_cast<const uint4*>(p);
     uint4 v[sizeof(T) / 16];
 #pragma unroll
-    for (std::size_t k = 0; k < sizeof(T) / 16; ++k) v[k] = load_cg_word<Ordered>(s + k);
+    for (std::size_t k = 0; k < sizeof(T) / 16; ++k)
+      v[k] = load_cg_word<Ordered>(s + k);
     std::memcpy(&t, v, sizeof(T));
   }
   return t;
@@ -84,7 +87,8 @@ BAM_DEVICE void store_uncached(T* p, const T& value) {
     std::memcpy(v, &value, sizeof(T));
     auto* d = reinterpret_cast<uint4*>(p);
 #pragma unroll
-    for (std::size_t k = 0; k < sizeof(T) / 16; ++k) st_cg(d + k, v[k]);
+    for (std::size_t k = 0; k < sizeof(T) / 16; ++k)
+      st_cg(d + k, v[k]);
   }
 }
 
@@ -150,9 +154,9 @@ public:
   BAM_HD std::uint64_t size() const { return n; }
 
   //! Element `i` (a value: the array is written with `write`).
-  BAM_DEVICE const T operator[](std::uint64_t i) const { return access(i, nullptr); }
-  BAM_DEVICE T read(std::uint64_t i) const { return access(i, nullptr); }
-  BAM_DEVICE void write(std::uint64_t i, const T& v) const { access(i, &v); }
+  BAM_DEVICE const T operator[](std::uint64_t i) const { return access<element_op::read>(i, nullptr); }
+  BAM_DEVICE T read(std::uint64_t i) const { return access<element_op::read>(i, nullptr); }
+  BAM_DEVICE void write(std::uint64_t i, const T& v) const { access<element_op::write>(i, &v); }
 
   //! Copy elements [begin, begin + count) into `out[0..count)`. Every lane of
   //! the warp calls it with the same arguments (the full warp, converged).
@@ -196,13 +200,17 @@ public:
     if (i < n) {
       const space_ref& sp = cache.spaces[space];
       const std::uint64_t p = first_page + (i >> elem_shift);
-      err->record(st, true, i, true, sp.lba_of(p), sp.controller_of(p));
+      err->record(st, failure_site::element_on_page(i, sp.lba_of(p), sp.controller_of(p)));
     } else {
-      err->record(st, true, i, false, 0, 0);
+      err->record(st, failure_site::element(i));
     }
   }
 
 private:
+  //! What an element access does: reads return the element; writes store `*value`.
+  enum class element_op { read, write };
+  //! Element `i` read, or `*value` written to it (`Op` says which: `value` is null for a read).
+  template <element_op Op>
   BAM_DEVICE T access(std::uint64_t i, const T* value) const;
   //! The miss and wait path of an access; `*slot_of_page` (if given) is set
   //! to the slot the page was read from (a hint: the page is let go).
@@ -216,7 +224,9 @@ private:
 };
 
 template <class T>
+template <typename array_ref<T>::element_op Op>
 BAM_DEVICE T array_ref<T>::access(std::uint64_t i, const T* value) const {
+  constexpr bool writing = Op == element_op::write;
   using namespace detail;
   const unsigned mask = __activemask();
   const unsigned lane = lane_id();
@@ -225,7 +235,7 @@ BAM_DEVICE T array_ref<T>::access(std::uint64_t i, const T* value) const {
   const unsigned peers = same_value_lanes(mask, key);
   const unsigned leader = __ffs(peers) - 1;
   pin_result p{0, pin_state::miss};
-  if (value == nullptr && in_range && mask == 0xffffffffu && peers == mask) {
+  if (!writing && in_range && mask == 0xffffffffu && peers == mask) {
     // The whole warp on one page (consecutive elements): every lane reads a
     // way of the set, and on a hit the read needs no call.
     p = cache.pin_warp(key, 0, 0);
@@ -237,7 +247,7 @@ BAM_DEVICE T array_ref<T>::access(std::uint64_t i, const T* value) const {
     }
     if (lane != leader) p = pin_result{0, pin_state::miss};
   } else if (lane == leader && in_range) {
-    p = cache.pin(key, value != nullptr);
+    p = cache.pin(key, writing);
   }
   return access_slow(i, value, mask, peers, leader, p);
 }
@@ -267,10 +277,12 @@ BAM_DEVICE BAM_NOINLINE T array_ref<T>::access_slow(std::uint64_t i, const T* va
     const bool now = ((todo >> lane) & 1u) && (!in_range || hit || ph == static_cast<unsigned>(page_phase::failed));
     unsigned token = 0;
     if (now) {
-      if (!in_range) fail(nvme::status_out_of_range, i);
+      if (!in_range)
+        fail(nvme::status_out_of_range, i);
       else if (!hit) {
         if (lane == leader) fail(nvme::status(st), i);
-      } else if (value != nullptr) store_uncached(element(slot, i), *value);
+      } else if (value != nullptr)
+        store_uncached(element(slot, i), *value);
       else {
         result = load_uncached(element(slot, i));
         token = dependency_token(first_word(result), cache.zero);
@@ -284,8 +296,10 @@ BAM_DEVICE BAM_NOINLINE T array_ref<T>::access_slow(std::uint64_t i, const T* va
     token = __reduce_or_sync(mask, token);
     if (now && lane == leader && in_range) {
       if (hit) {
-        if (value != nullptr) cache.release(r.slot);
-        else cache.release_read(r.slot, token);
+        if (value != nullptr)
+          cache.release(r.slot);
+        else
+          cache.release_read(r.slot, token);
       }
       r.phase = page_phase::idle;
     }
@@ -335,7 +349,7 @@ namespace detail {
 //! The warp copies `len` bytes from cache memory `src` to `dst`. Returns a
 //! dependency token (0) computed from every value read.
 BAM_DEVICE inline unsigned warp_copy_out(unsigned char* dst, const unsigned char* src, std::uint64_t len, unsigned lane,
-                                       unsigned zero) {
+                                         unsigned zero) {
   unsigned token = 0;
   if (((reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src) | len) & 15u) == 0) {
     auto* d = reinterpret_cast<uint4*>(dst);
@@ -346,7 +360,8 @@ BAM_DEVICE inline unsigned warp_copy_out(unsigned char* dst, const unsigned char
     for (; k + (in_flight - 1) * 32 < n; k += in_flight * 32) {
       uint4 v[in_flight];
 #pragma unroll
-      for (unsigned j = 0; j < in_flight; ++j) v[j] = ld_cg(s + k + j * 32);
+      for (unsigned j = 0; j < in_flight; ++j)
+        v[j] = ld_cg(s + k + j * 32);
 #pragma unroll
       for (unsigned j = 0; j < in_flight; ++j) {
         d[k + j * 32] = v[j];
@@ -385,7 +400,8 @@ BAM_DEVICE bool array_ref<T>::copy_to(std::uint64_t begin, std::uint64_t count, 
   const unsigned lane = lane_id();
   if (begin > n || count > n - begin) {
     if (lane == 0) fail(nvme::status_out_of_range, begin > n ? begin : n);
-    for (std::uint64_t k = lane; k < count; k += 32) out[k] = T{};
+    for (std::uint64_t k = lane; k < count; k += 32)
+      out[k] = T{};
     return false;
   }
   if (count == 0) return true;
@@ -408,7 +424,8 @@ BAM_DEVICE bool array_ref<T>::copy_to(std::uint64_t begin, std::uint64_t count, 
     // The bytes of this page the range covers, in 16-byte units, asked into
     // L2 while the pin is in flight.
     const std::uint64_t lo = my_page == first ? (begin & (per_page - 1)) * sizeof(T) : 0;
-    const std::uint64_t hi = my_page == last ? (((begin + count - 1) & (per_page - 1)) + 1) * sizeof(T) : per_page * sizeof(T);
+    const std::uint64_t hi =
+        my_page == last ? (((begin + count - 1) & (per_page - 1)) + 1) * sizeof(T) : per_page * sizeof(T);
     const std::uint32_t from = static_cast<std::uint32_t>(lo & ~std::uint64_t{15});
     const std::uint32_t bytes = static_cast<std::uint32_t>(((hi + 15) & ~std::uint64_t{15}) - from);
     p = cache.pin(page_cache_ref::make_key(space, first_page + my_page), false, from, bytes);
@@ -421,7 +438,8 @@ BAM_DEVICE bool array_ref<T>::copy_to(std::uint64_t begin, std::uint64_t count, 
     const std::uint64_t lo = k == 0 ? begin : page * per_page;
     const std::uint64_t hi = page == last ? begin + count : (page + 1) * per_page;
     const auto* src = reinterpret_cast<const unsigned char*>(element(slot, lo));
-    unsigned token = warp_copy_out(reinterpret_cast<unsigned char*>(out + (lo - begin)), src, (hi - lo) * sizeof(T), lane, cache.zero);
+    unsigned token = warp_copy_out(reinterpret_cast<unsigned char*>(out + (lo - begin)), src, (hi - lo) * sizeof(T),
+                                   lane, cache.zero);
     token = __reduce_or_sync(full, token); // every lane's reads of the page arrived
     if (lane == k) cache.release_read(p.slot, token);
   }
@@ -429,8 +447,8 @@ BAM_DEVICE bool array_ref<T>::copy_to(std::uint64_t begin, std::uint64_t count, 
 }
 
 template <class T>
-BAM_DEVICE BAM_NOINLINE bool array_ref<T>::copy_slow(std::uint64_t begin, std::uint64_t count, T* out, pin_result pinned,
-                                                     bool have_pins) const {
+BAM_DEVICE BAM_NOINLINE bool array_ref<T>::copy_slow(std::uint64_t begin, std::uint64_t count, T* out,
+                                                     pin_result pinned, bool have_pins) const {
   using namespace detail;
   constexpr unsigned full = 0xffffffffu;
   const unsigned lane = lane_id();
@@ -470,11 +488,13 @@ BAM_DEVICE BAM_NOINLINE bool array_ref<T>::copy_slow(std::uint64_t begin, std::u
         unsigned token = 0;
         if (good) {
           const auto* src = reinterpret_cast<const unsigned char*>(element(slot, lo));
-          token = warp_copy_out(reinterpret_cast<unsigned char*>(out + (lo - begin)), src, (hi - lo) * sizeof(T), lane, cache.zero);
+          token = warp_copy_out(reinterpret_cast<unsigned char*>(out + (lo - begin)), src, (hi - lo) * sizeof(T), lane,
+                                cache.zero);
         } else {
           ok = false;
           if (lane == k) fail(nvme::status(st), lo);
-          for (std::uint64_t e = lo + lane; e < hi; e += 32) out[e - begin] = T{};
+          for (std::uint64_t e = lo + lane; e < hi; e += 32)
+            out[e - begin] = T{};
         }
         token = __reduce_or_sync(full, token); // every lane's reads of the page arrived
         if (lane == k) {
@@ -533,7 +553,7 @@ public:
   BAM_DEVICE void release() { key_ = ~0ull; }
 
 private:
-  const array_ref<T>* a_; //!< the handle it was made from (not a copy: kernels make readers often)
+  const array_ref<T>* a_;     //!< the handle it was made from (not a copy: kernels make readers often)
   std::uint64_t key_ = ~0ull; //!< this lane's last page ...
   std::uint32_t slot_ = 0;    //!< ... and the slot it was read from
 };
@@ -651,15 +671,15 @@ public:
   }
 
 private:
-  const array_ref<T>* a_;     //!< the handle it was made from (must outlive it)
-  const T* data_ = nullptr;   //!< element `first_` in the cache
-  std::uint64_t first_ = 0;   //!< the pinned page's first element ...
-  std::uint64_t count_ = 0;   //!< ... and how many it holds (0: none pinned)
-  std::uint32_t pin_ = 0;     //!< the pinned slot as the pin returned it (carries its dependency)
-  unsigned mask_ = 0;         //!< the lanes that made it
-  unsigned read_ = 0;         //!< the first words of the values read (their arrival orders the unpin)
-  bool holds_pin_ = false;    //!< this lane lets go of the pin at the end
-  bool spanned_ = false;      //!< a span was handed out: its reads are untracked
+  const array_ref<T>* a_;   //!< the handle it was made from (must outlive it)
+  const T* data_ = nullptr; //!< element `first_` in the cache
+  std::uint64_t first_ = 0; //!< the pinned page's first element ...
+  std::uint64_t count_ = 0; //!< ... and how many it holds (0: none pinned)
+  std::uint32_t pin_ = 0;   //!< the pinned slot as the pin returned it (carries its dependency)
+  unsigned mask_ = 0;       //!< the lanes that made it
+  unsigned read_ = 0;       //!< the first words of the values read (their arrival orders the unpin)
+  bool holds_pin_ = false;  //!< this lane lets go of the pin at the end
+  bool spanned_ = false;    //!< a span was handed out: its reads are untracked
 };
 
 } // namespace bam

@@ -49,7 +49,8 @@ __global__ void cache_writeback_kernel(page_cache_ref c, std::uint32_t only, boo
         // storage. Each flush reports it.
         const space_ref& sp = c.spaces[key >> key_page_bits];
         const std::uint64_t p = key & key_page_mask;
-        if (sp.err != nullptr) sp.err->record(nvme::status_timeout, false, 0, true, sp.lba_of(p), sp.controller_of(p));
+        if (sp.err != nullptr)
+          sp.err->record(nvme::status_timeout, failure_site::page(sp.lba_of(p), sp.controller_of(p)));
       }
     }
     warp_io_run(io, full, c.timeout_ns);
@@ -62,7 +63,7 @@ __global__ void cache_writeback_kernel(page_cache_ref c, std::uint32_t only, boo
       } else {
         const space_ref& sp = c.spaces[key >> key_page_bits];
         const std::uint64_t p = key & key_page_mask;
-        if (sp.err != nullptr) sp.err->record(result, false, 0, true, sp.lba_of(p), sp.controller_of(p));
+        if (sp.err != nullptr) sp.err->record(result, failure_site::page(sp.lba_of(p), sp.controller_of(p)));
         // A write that timed out may still read the slot: it stays busy, out
         // of use for good (`slot_lost`); misses on its set do not wait for it.
         mark_writeback_failed(&c.slots[s], result == nvme::status_timeout);
@@ -72,8 +73,7 @@ __global__ void cache_writeback_kernel(page_cache_ref c, std::uint32_t only, boo
       dev_atomic<std::uint64_t> st(c.slots[s]);
       std::uint64_t word = st.load(cuda::memory_order_acquire);
       const std::uint64_t tag = word >> slot_tag_shift;
-      if (tag != 0 && ((tag - 1) >> key_page_bits) == only &&
-          (word & (slot_pin_mask | slot_busy | slot_dirty)) == 0)
+      if (tag != 0 && ((tag - 1) >> key_page_bits) == only && (word & (slot_pin_mask | slot_busy | slot_dirty)) == 0)
         st.compare_exchange_strong(word, 0, cuda::memory_order_acq_rel);
     }
   }
@@ -89,7 +89,7 @@ __global__ void flush_controllers_kernel(const queue_set_ref* ctrls, std::uint32
   io.start_flush(ctrls[i]);
   warp_io_run(io, mask, ctrls[i].queues[0].timeout_ns);
   const nvme::status st(io.status);
-  if (!st.ok()) err->record(st, false, 0, true, 0, i);
+  if (!st.ok()) err->record(st, failure_site::page(0, i));
 }
 
 //! Threads per block of the flush kernel: enough blocks for any number of controllers.

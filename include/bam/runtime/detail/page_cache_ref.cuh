@@ -59,7 +59,7 @@ inline constexpr std::uint64_t slot_pin_mask = 0xffffull;
 //! the count never carries into the state bits above it.
 inline constexpr std::uint64_t slot_pin_limit = 0x8000ull;
 inline constexpr std::uint64_t slot_valid = 1ull << 16;
-inline constexpr std::uint64_t slot_busy = 1ull << 17;       //!< loading, or being written back
+inline constexpr std::uint64_t slot_busy = 1ull << 17; //!< loading, or being written back
 inline constexpr std::uint64_t slot_dirty = 1ull << 18;
 inline constexpr std::uint64_t slot_error = 1ull << 19;      //!< load failed (with busy: quarantined for good)
 inline constexpr std::uint64_t slot_referenced = 1ull << 20; //!< clock bit
@@ -165,7 +165,6 @@ BAM_DEVICE inline void mark_writeback_failed(std::uint64_t* slot_word, bool keep
   } while (!st.compare_exchange_weak(w, n, cuda::memory_order_release, cuda::memory_order_relaxed));
 }
 
-
 enum class page_phase : std::uint8_t {
   idle,         //!< nothing to do (or done and consumed)
   lookup,       //!< look the page up; pin it if present
@@ -191,7 +190,9 @@ struct page_request {
   io_slot io;
   lane_wait wait; //!< this lane's deadline (see `page_cache_ref::resolve`)
 
-  BAM_HD bool settled() const { return phase == page_phase::idle || phase == page_phase::hit || phase == page_phase::failed; }
+  BAM_HD bool settled() const {
+    return phase == page_phase::idle || phase == page_phase::hit || phase == page_phase::failed;
+  }
 };
 
 } // namespace detail
@@ -234,11 +235,11 @@ BAM_HD constexpr page_phase phase_after(pin_state s) {
 //! Trivially copyable device handle to a page cache.
 struct page_cache_ref {
   std::uint8_t* data = nullptr;
-  std::uint64_t* slots = nullptr;          //!< state word per slot
-  std::uint16_t* slot_status = nullptr;    //!< status of a failed load, per slot
+  std::uint64_t* slots = nullptr;       //!< state word per slot
+  std::uint16_t* slot_status = nullptr; //!< status of a failed load, per slot
   detail::cache_set* sets = nullptr;
-  const space_ref* spaces = nullptr;       //!< by space id
-  unsigned long long* counters = nullptr;  //!< per stripe: misses, write-backs
+  const space_ref* spaces = nullptr;      //!< by space id
+  unsigned long long* counters = nullptr; //!< per stripe: misses, write-backs
   std::uint64_t nslots = 0;
   std::uint64_t nsets = 0;
   std::uint32_t ways = 0;
@@ -287,13 +288,13 @@ struct page_cache_ref {
   //! Look-ahead hold: pin the page of `key` for reading if it is in the
   //! cache and valid now, loading nothing and waiting for nothing, as long
   //! as its set holds fewer than `detail::hold_limit(ways)` such pins. A
-  //! held page is never a victim until `unhold`: unlike other pins, holds
+  //! held page is never a victim until `release_hold`: unlike other pins, holds
   //! last across kernels, and the limit per set keeps the cache's forward
   //! progress (a miss always finds ways that no hold keeps). True with the
   //! slot in `slot` when it holds the page.
   BAM_DEVICE bool hold(std::uint64_t key, std::uint32_t& slot) const;
   //! Drop a hold taken by `hold` (nothing was read through it).
-  BAM_DEVICE void unhold(std::uint32_t slot) const;
+  BAM_DEVICE void release_hold(std::uint32_t slot) const;
   //! `pin` for a request: sets `r.phase` to hit, pinned_wait (another lane
   //! loads it) or lookup (retry, or a miss: returns false).
   BAM_DEVICE bool try_pin(detail::page_request& r) const;
@@ -381,7 +382,8 @@ BAM_DEVICE inline pin_result page_cache_ref::pin_warp(std::uint64_t key, std::ui
   for (std::uint32_t w0 = 0; w0 < ways; w0 += 32) {
     // Lane k reads way w0 + k: the set in one request.
     const std::uint32_t w = w0 + lane;
-    const std::uint64_t word = w < ways ? dev_atomic<std::uint64_t>(slots[base + w]).load(cuda::memory_order_relaxed) : 0;
+    const std::uint64_t word =
+        w < ways ? dev_atomic<std::uint64_t>(slots[base + w]).load(cuda::memory_order_relaxed) : 0;
     const unsigned found = __ballot_sync(full, w < ways && (word >> slot_tag_shift) == tag && (word & slot_error) == 0);
     if (found == 0) continue;
     const unsigned k = __ffs(found) - 1;
@@ -423,7 +425,7 @@ BAM_DEVICE inline bool page_cache_ref::hold(std::uint64_t key, std::uint32_t& sl
   return true;
 }
 
-BAM_DEVICE inline void page_cache_ref::unhold(std::uint32_t slot) const {
+BAM_DEVICE inline void page_cache_ref::release_hold(std::uint32_t slot) const {
   // The pin first: the set's count then never says fewer holds than pins kept.
   release(slot);
   detail::dev_atomic<std::uint32_t>(sets[slot / ways].held).fetch_sub(1, cuda::memory_order_relaxed);
@@ -584,7 +586,7 @@ BAM_DEVICE inline void page_cache_ref::finish_io(detail::page_request& r) const 
     const std::uint64_t old_key = (w >> slot_tag_shift) - 1;
     const space_ref& sp = spaces[old_key >> key_page_bits];
     const std::uint64_t p = old_key & key_page_mask;
-    if (sp.err != nullptr) sp.err->record(st, false, 0, true, sp.lba_of(p), sp.controller_of(p));
+    if (sp.err != nullptr) sp.err->record(st, failure_site::page(sp.lba_of(p), sp.controller_of(p)));
     // The data is still only here: dirty again, and not a victim until a
     // flush succeeds. A write that timed out may still read the slot: it
     // stays busy, out of use for good (`slot_lost`).
@@ -604,14 +606,14 @@ BAM_DEVICE inline bool page_cache_ref::step(detail::page_request& r) const {
     r.phase = page_phase::wait_turn;
     [[fallthrough]];
   case page_phase::wait_turn:
-    if (dev_atomic<std::uint32_t>(sets[set_of(r.key)].serving).load(nvme::detail::poll_order()) != r.turn)
-      return false;
+    if (dev_atomic<std::uint32_t>(sets[set_of(r.key)].serving).load(nvme::detail::poll_order()) != r.turn) return false;
     nvme::detail::acquire_fence();
     r.phase = page_phase::have_turn;
     if (dev_atomic<std::uint32_t> doomed(sets[set_of(r.key)].doomed); doomed.load(cuda::memory_order_relaxed) != 0) {
       // Doomed while the set is as the turn holder that gave up left it;
       // once it moved, the queue behind waits as usual again.
-      const std::uint32_t then = dev_atomic<std::uint32_t>(sets[set_of(r.key)].doom_marker).load(cuda::memory_order_relaxed);
+      const std::uint32_t then =
+          dev_atomic<std::uint32_t>(sets[set_of(r.key)].doom_marker).load(cuda::memory_order_relaxed);
       if (set_marker(set_of(r.key)).value == then) {
         doomed.fetch_sub(1, cuda::memory_order_relaxed);
         r.doomed = true;
@@ -723,7 +725,8 @@ BAM_DEVICE inline void page_cache_ref::abandon(detail::page_request& r) const {
   }
 }
 
-BAM_DEVICE BAM_NOINLINE inline void page_cache_ref::resolve(detail::page_request& r, unsigned mask, bool until_any) const {
+BAM_DEVICE BAM_NOINLINE inline void page_cache_ref::resolve(detail::page_request& r, unsigned mask,
+                                                            bool until_any) const {
   using namespace detail;
   unsigned idle = 0;
   for (;;) {
@@ -744,7 +747,7 @@ BAM_DEVICE BAM_NOINLINE inline void page_cache_ref::resolve(detail::page_request
     } else if (!r.settled()) {
       const wait_marker m = marker(r);
       // (Saturated: a deadline of 2^61 ns or more is "never" all the same.)
-      const std::uint64_t limit = !m.on_io                                   ? timeout_ns
+      const std::uint64_t limit = !m.on_io                                ? timeout_ns
                                   : timeout_ns > ~0ull / io_wait_backstop ? ~0ull
                                                                           : timeout_ns * io_wait_backstop;
       if (r.wait.expired(m.value, limit)) abandon(r);

@@ -69,7 +69,8 @@ struct io_slot {
     page_bus = bus;
     offset = off;
     queue = set.pick_queue();
-    const nvme::status st = set.check_rw(l, n, off);
+    const nvme::status st =
+        device_progress_compiled(set.progress) ? set.check_rw(l, n, off) : nvme::status_no_progress_hook;
     status = st.raw;
     state = st.ok() ? io_state::need_ticket : io_state::done;
   }
@@ -78,17 +79,18 @@ struct io_slot {
     qs = &set;
     op = nvme::nvm_opcode::flush;
     queue = set.pick_queue();
-    status = 0;
-    state = io_state::need_ticket;
+    const bool served = device_progress_compiled(set.progress);
+    status = served ? 0 : nvme::status_no_progress_hook.raw;
+    state = served ? io_state::need_ticket : io_state::done;
   }
 };
 
 //! Build the lane's command (PRPs in its command id's list) and write its entry.
 BAM_DEVICE BAM_NOINLINE inline void write_command(io_slot& s) {
   const nvme::queue_pair_ref& q = s.q();
-  const nvme::command cmd = s.op == nvme::nvm_opcode::flush
-                                ? nvme::make_flush(s.qs->nsid)
-                                : s.qs->build_rw(s.op, s.lba, s.nblocks, s.page_bus, s.offset, s.queue, q.cid_of(s.ticket));
+  const nvme::command cmd = s.op == nvme::nvm_opcode::flush ? nvme::make_flush(s.qs->nsid)
+                                                            : s.qs->build_rw(s.op, s.lba, s.nblocks, s.page_bus,
+                                                                             s.offset, s.queue, q.cid_of(s.ticket));
   q.write_entry(s.ticket, cmd);
   s.state = io_state::submitted;
 }
@@ -140,7 +142,8 @@ BAM_DEVICE inline bool warp_io_step(io_slot& s, unsigned mask) {
   unsigned pending = __ballot_sync(mask, s.state == io_state::reserved || s.state == io_state::submitted);
   while (pending != 0) {
     const unsigned leader = __ffs(pending) - 1;
-    const auto qaddr = __shfl_sync(mask, reinterpret_cast<unsigned long long>(s.qs != nullptr ? &s.q() : nullptr), leader);
+    const auto qaddr =
+        __shfl_sync(mask, reinterpret_cast<unsigned long long>(s.qs != nullptr ? &s.q() : nullptr), leader);
     const auto saddr = __shfl_sync(mask, reinterpret_cast<unsigned long long>(s.qs), leader);
     const auto& q = *reinterpret_cast<const nvme::queue_pair_ref*>(qaddr);
     const auto& set = *reinterpret_cast<const queue_set_ref*>(saddr);

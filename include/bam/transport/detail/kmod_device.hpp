@@ -6,7 +6,7 @@
 #pragma once
 
 #include <bam/error.hpp>
-#include <bam/kmod_abi.h>
+#include <bam/transport/kmod_abi.h>
 #include <bam/transport/transport.hpp>
 
 #include <fcntl.h>
@@ -39,22 +39,18 @@ public:
       bam_kmod_version v{};
       v.lib_abi_version = BAM_KMOD_ABI_VERSION;
       if (::ioctl(fd_, BAM_KMOD_IOC_VERSION, &v) != 0)
-        throw_errno(path + " does not answer the bam_nvme VERSION ioctl: is it a bam_nvme device?",
-                    errno, path);
+        throw_errno(path + " does not answer the bam_nvme VERSION ioctl: is it a bam_nvme device?", errno, path);
       if (BAM_KMOD_ABI_VERSION < v.min_abi_version || BAM_KMOD_ABI_VERSION > v.abi_version) {
         error_context c;
         c.controller = path;
         c.errnum = EPROTO;
-        throw error(
-            "bam_nvme module ABI " + std::to_string(v.min_abi_version) + ".." +
-                std::to_string(v.abi_version) + " does not serve this library (ABI " +
-                std::to_string(BAM_KMOD_ABI_VERSION) +
-                "): rebuild and reload the module from this source tree "
-                "(make -C kernel_module && rmmod bam_nvme && insmod kernel_module/bam_nvme.ko)",
-            c);
+        throw error("bam_nvme module ABI " + std::to_string(v.min_abi_version) + ".." + std::to_string(v.abi_version) +
+                        " does not serve this library (ABI " + std::to_string(BAM_KMOD_ABI_VERSION) +
+                        "): rebuild and reload the module from this source tree "
+                        "(make -C kernel_module && rmmod bam_nvme && insmod kernel_module/bam_nvme.ko)",
+                    c);
       }
-      if (::ioctl(fd_, BAM_KMOD_IOC_INFO, &info_) != 0)
-        throw_errno("bam_nvme INFO ioctl failed", errno, path);
+      if (::ioctl(fd_, BAM_KMOD_IOC_INFO, &info_) != 0) throw_errno("bam_nvme INFO ioctl failed", errno, path);
       bar_bytes_ = static_cast<std::size_t>(info_.bar0_size);
       const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
       map_bytes_ = (bar_bytes_ + page - 1) / page * page;
@@ -103,13 +99,11 @@ private:
       return "no such bam_nvme device. Load the module (insmod kernel_module/bam_nvme.ko, or "
              "modprobe bam_nvme after make -C kernel_module install) and hand it a controller "
              "(scripts/bind-nvme <pci address>)";
-    case EACCES:
-      return "permission denied: install kernel_module/99-bam.rules (group bam) and join the group";
+    case EACCES: return "permission denied: install kernel_module/99-bam.rules (group bam) and join the group";
     case EPERM:
       return "opening a bam_nvme device needs CAP_SYS_RAWIO (run as root, or setcap "
              "cap_sys_rawio+ep on the program)";
-    case EBUSY:
-      return "another process has this controller open (see /sys/class/bam-nvme/<dev>/owner_pid)";
+    case EBUSY: return "another process has this controller open (see /sys/class/bam-nvme/<dev>/owner_pid)";
     default: return "open failed";
     }
   }
@@ -125,8 +119,8 @@ private:
 //! A mapping made by the module; UNMAPped when destroyed.
 class kmod_region : public dma_region {
 public:
-  kmod_region(std::shared_ptr<kmod_device> dev, std::uint64_t handle, void* vaddr, std::size_t size,
-              memory_kind kind, std::vector<std::uint64_t> bus)
+  kmod_region(std::shared_ptr<kmod_device> dev, std::uint64_t handle, void* vaddr, std::size_t size, memory_kind kind,
+              std::vector<std::uint64_t> bus)
       : dma_region(vaddr, size, kind, std::move(bus)), dev_(std::move(dev)), handle_(handle) {}
   ~kmod_region() override { dev_->unmap(handle_); }
   std::uint64_t handle() const noexcept { return handle_; }
@@ -139,10 +133,9 @@ private:
 //! DMA-coherent memory from the module (BAM_KMOD_IOC_ALLOC), mmap()ed through the device.
 class kmod_coherent_region : public dma_region {
 public:
-  kmod_coherent_region(std::shared_ptr<kmod_device> dev, std::uint64_t handle, void* vaddr,
-                       std::size_t size, std::vector<std::uint64_t> bus)
-      : dma_region(vaddr, size, memory_kind::host, std::move(bus)), dev_(std::move(dev)),
-        handle_(handle) {}
+  kmod_coherent_region(std::shared_ptr<kmod_device> dev, std::uint64_t handle, void* vaddr, std::size_t size,
+                       std::vector<std::uint64_t> bus)
+      : dma_region(vaddr, size, memory_kind::host, std::move(bus)), dev_(std::move(dev)), handle_(handle) {}
   ~kmod_coherent_region() override {
     ::munmap(data(), size());
     dev_->unmap(handle_);
@@ -157,8 +150,7 @@ private:
 class kmod_owned_region : public dma_region {
 public:
   kmod_owned_region(std::unique_ptr<dma_region> m, void* mem, std::size_t bytes)
-      : dma_region(m->data(), m->size(), m->kind(), m->page_bus()), mapping_(std::move(m)),
-        mem_(mem), bytes_(bytes) {}
+      : dma_region(m->data(), m->size(), m->kind(), m->page_bus()), mapping_(std::move(m)), mem_(mem), bytes_(bytes) {}
   ~kmod_owned_region() override {
     mapping_.reset();
     ::munmap(mem_, bytes_);

@@ -32,7 +32,7 @@
 #pragma once
 
 #include <bam/error.hpp>
-#include <bam/extent_map_ref.hpp>
+#include <bam/file/extent_map_ref.hpp>
 
 #include <fcntl.h>
 #include <linux/fiemap.h>
@@ -67,9 +67,9 @@ struct block_device_info {
   std::string disk_node;             //!< "/dev/" + disk
   std::uint64_t partition_start = 0; //!< bytes from the start of the disk
   std::uint64_t disk_bytes = 0;
-  std::uint32_t lba_size = 512;      //!< the disk's logical block size
-  std::uint32_t nsid = 0;            //!< NVMe namespace id; 0 if the disk is not an NVMe namespace
-  std::string wwid;                  //!< sysfs wwid ("eui.…", "nvme.…"); empty if none
+  std::uint32_t lba_size = 512;         //!< the disk's logical block size
+  std::uint32_t nsid = 0;               //!< NVMe namespace id; 0 if the disk is not an NVMe namespace
+  std::string wwid;                     //!< sysfs wwid ("eui.…", "nvme.…"); empty if none
   std::array<std::uint8_t, 16> nguid{}; //!< NVMe NGUID; zero if unknown
   std::array<std::uint8_t, 8> eui64{};  //!< NVMe EUI-64; zero if unknown
 };
@@ -112,20 +112,26 @@ inline std::string read_sysfs(const std::filesystem::path& p) {
   std::ifstream f(p);
   std::string s;
   if (!f || !std::getline(f, s)) return {};
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' '))
+    s.pop_back();
   return s;
 }
 
 //! Hex digits of `text` (separators ignored) into `out`; false unless exactly out.size() bytes.
-template <std::size_t N> bool parse_hex_id(const std::string& text, std::array<std::uint8_t, N>& out) {
+template <std::size_t N>
+bool parse_hex_id(const std::string& text, std::array<std::uint8_t, N>& out) {
   std::size_t n = 0;
   int half = -1;
   for (char ch : text) {
     int v;
-    if (ch >= '0' && ch <= '9') v = ch - '0';
-    else if (ch >= 'a' && ch <= 'f') v = ch - 'a' + 10;
-    else if (ch >= 'A' && ch <= 'F') v = ch - 'A' + 10;
-    else continue;
+    if (ch >= '0' && ch <= '9')
+      v = ch - '0';
+    else if (ch >= 'a' && ch <= 'f')
+      v = ch - 'a' + 10;
+    else if (ch >= 'A' && ch <= 'F')
+      v = ch - 'A' + 10;
+    else
+      continue;
     if (half < 0) {
       half = v;
     } else {
@@ -138,12 +144,16 @@ template <std::size_t N> bool parse_hex_id(const std::string& text, std::array<s
 }
 
 inline std::string fiemap_flag_names(std::uint32_t f) {
-  static constexpr std::pair<std::uint32_t, const char*> names[] = {
-      {FIEMAP_EXTENT_UNKNOWN, "unknown location"}, {FIEMAP_EXTENT_DELALLOC, "delayed allocation"},
-      {FIEMAP_EXTENT_ENCODED, "encoded"},          {FIEMAP_EXTENT_DATA_ENCRYPTED, "encrypted"},
-      {FIEMAP_EXTENT_NOT_ALIGNED, "not aligned"},  {FIEMAP_EXTENT_DATA_INLINE, "inline"},
-      {FIEMAP_EXTENT_DATA_TAIL, "tail-packed"},    {FIEMAP_EXTENT_UNWRITTEN, "unwritten"},
-      {FIEMAP_EXTENT_MERGED, "merged"},            {FIEMAP_EXTENT_SHARED, "shared"}};
+  static constexpr std::pair<std::uint32_t, const char*> names[] = {{FIEMAP_EXTENT_UNKNOWN, "unknown location"},
+                                                                    {FIEMAP_EXTENT_DELALLOC, "delayed allocation"},
+                                                                    {FIEMAP_EXTENT_ENCODED, "encoded"},
+                                                                    {FIEMAP_EXTENT_DATA_ENCRYPTED, "encrypted"},
+                                                                    {FIEMAP_EXTENT_NOT_ALIGNED, "not aligned"},
+                                                                    {FIEMAP_EXTENT_DATA_INLINE, "inline"},
+                                                                    {FIEMAP_EXTENT_DATA_TAIL, "tail-packed"},
+                                                                    {FIEMAP_EXTENT_UNWRITTEN, "unwritten"},
+                                                                    {FIEMAP_EXTENT_MERGED, "merged"},
+                                                                    {FIEMAP_EXTENT_SHARED, "shared"}};
   std::string s;
   for (const auto& [bit, name] : names)
     if (f & bit) s += (s.empty() ? "" : ", ") + std::string(name);
@@ -195,11 +205,12 @@ public:
                                  const block_device_info& dev, const extent_map_options& opts = {}) {
     const std::uint64_t lbs = dev.lba_size;
     if (lbs < 512 || (lbs & (lbs - 1)) != 0)
-      detail::extent_refusal(path, "the disk's logical block size " + std::to_string(lbs) + " is not a power of two >= 512",
-                             EINVAL);
+      detail::extent_refusal(
+          path, "the disk's logical block size " + std::to_string(lbs) + " is not a power of two >= 512", EINVAL);
     if (dev.partition_start % lbs != 0)
-      detail::extent_refusal(path, "partition " + dev.partition + " starts at byte " + std::to_string(dev.partition_start) +
-                                       ", not a multiple of the " + std::to_string(lbs) + "-byte logical block",
+      detail::extent_refusal(path,
+                             "partition " + dev.partition + " starts at byte " + std::to_string(dev.partition_start) +
+                                 ", not a multiple of the " + std::to_string(lbs) + "-byte logical block",
                              EINVAL);
     extent_map m;
     m.path_ = path;
@@ -221,25 +232,30 @@ public:
       constexpr std::uint32_t packed = FIEMAP_EXTENT_DATA_INLINE | FIEMAP_EXTENT_DATA_TAIL | FIEMAP_EXTENT_NOT_ALIGNED;
       const std::string flags = " (" + detail::fiemap_flag_names(e.flags) + ")";
       if (e.flags & unreadable)
-        detail::extent_refusal(path, "data not yet on the disk" + where(e.logical) + flags +
-                                         ": sync the file (fsync, or `sync FILE`) and map it again",
+        detail::extent_refusal(path,
+                               "data not yet on the disk" + where(e.logical) + flags +
+                                   ": sync the file (fsync, or `sync FILE`) and map it again",
                                EAGAIN);
       if (e.flags & transformed)
-        detail::extent_refusal(path, "compressed or encrypted data" + where(e.logical) + flags +
-                                         ": raw blocks hold what the file system encoded, not the file",
+        detail::extent_refusal(path,
+                               "compressed or encrypted data" + where(e.logical) + flags +
+                                   ": raw blocks hold what the file system encoded, not the file",
                                EINVAL);
       if (e.flags & packed)
-        detail::extent_refusal(path, "data packed with other metadata" + where(e.logical) + flags +
-                                         ": the file system keeps it outside whole blocks",
+        detail::extent_refusal(path,
+                               "data packed with other metadata" + where(e.logical) + flags +
+                                   ": the file system keeps it outside whole blocks",
                                EINVAL);
       if (opts.for_writing && (e.flags & FIEMAP_EXTENT_SHARED))
-        detail::extent_refusal(path, "blocks shared with other files (reflink, snapshot)" + where(e.logical) +
-                                         ": writing them would change those files too",
+        detail::extent_refusal(path,
+                               "blocks shared with other files (reflink, snapshot)" + where(e.logical) +
+                                   ": writing them would change those files too",
                                EINVAL);
       if (e.logical % lbs != 0 || e.physical % lbs != 0 || e.length % lbs != 0 || e.length == 0)
-        detail::extent_refusal(path, "a piece of " + std::to_string(e.length) + " bytes at disk offset " +
-                                         std::to_string(e.physical) + where(e.logical) + " is not in whole " +
-                                         std::to_string(lbs) + "-byte logical blocks",
+        detail::extent_refusal(path,
+                               "a piece of " + std::to_string(e.length) + " bytes at disk offset " +
+                                   std::to_string(e.physical) + where(e.logical) + " is not in whole " +
+                                   std::to_string(lbs) + "-byte logical blocks",
                                EINVAL);
       const std::uint64_t first = e.logical / lbs;
       std::uint64_t count = std::min(e.length / lbs, blocks - first);
@@ -248,9 +264,10 @@ public:
       if (first > next) m.add_hole(path, next, first - next, opts);
       if (e.flags & FIEMAP_EXTENT_UNWRITTEN) {
         if (!opts.allow_holes || opts.for_writing)
-          detail::extent_refusal(path, "preallocated, never written blocks" + where(e.logical) +
-                                           ": they read as zeroes through the file system but hold old data on "
-                                           "the disk (allow holes to read them as zeroes)",
+          detail::extent_refusal(path,
+                                 "preallocated, never written blocks" + where(e.logical) +
+                                     ": they read as zeroes through the file system but hold old data on "
+                                     "the disk (allow holes to read them as zeroes)",
                                  EINVAL);
         m.push(first, count, extent_hole);
       } else {
@@ -275,9 +292,7 @@ public:
   std::uint32_t lba_size() const { return 1u << lba_shift_; }
   std::uint64_t runs() const { return lba_.size(); }
   std::uint64_t raw_extents() const { return id_.raw_extents; }
-  bool has_holes() const {
-    return std::find(lba_.begin(), lba_.end(), extent_hole) != lba_.end();
-  }
+  bool has_holes() const { return std::find(lba_.begin(), lba_.end(), extent_hole) != lba_.end(); }
   //! Host bytes the map takes.
   std::uint64_t bytes() const { return (start_.size() + lba_.size()) * sizeof(std::uint64_t); }
   const file_identity& identity() const { return id_; }
@@ -304,7 +319,8 @@ public:
     std::uint64_t p = limit;
     for (std::size_t i = 1; i < lba_.size(); ++i) {
       const std::uint64_t boundary = start_[i] << lba_shift_;
-      while (p > lba_size() && boundary % p != 0) p >>= 1;
+      while (p > lba_size() && boundary % p != 0)
+        p >>= 1;
     }
     return std::max<std::uint64_t>(p, lba_size());
   }
@@ -328,10 +344,12 @@ public:
     struct stat st {};
     if (::fstat(fd, &st) != 0) throw_errno("stat " + path_);
     std::string what;
-    if (st.st_dev != id_.dev || st.st_ino != id_.ino) what = "it is another file now (replaced or renamed over)";
+    if (st.st_dev != id_.dev || st.st_ino != id_.ino)
+      what = "it is another file now (replaced or renamed over)";
     else if (static_cast<std::uint64_t>(st.st_size) != id_.size)
       what = "its size went from " + std::to_string(id_.size) + " to " + std::to_string(st.st_size) + " bytes";
-    else if (st.st_mtim.tv_sec != id_.mtime_sec || st.st_mtim.tv_nsec != id_.mtime_nsec) what = "it was modified";
+    else if (st.st_mtim.tv_sec != id_.mtime_sec || st.st_mtim.tv_nsec != id_.mtime_nsec)
+      what = "it was modified";
     else {
       const std::vector<raw_extent> raw = fiemap(path_, fd, false);
       if (raw.size() != id_.raw_extents || layout_hash(raw) != id_.layout_hash)
@@ -394,10 +412,11 @@ private:
   }
   void add_hole(const std::string& path, std::uint64_t first, std::uint64_t count, const extent_map_options& opts) {
     if (!opts.allow_holes || opts.for_writing)
-      detail::extent_refusal(path, "a hole of " + std::to_string(count << lba_shift_) + " bytes at file offset " +
-                                       std::to_string(first << lba_shift_) +
-                                       (opts.for_writing ? ": writes need blocks the file system allocated"
-                                                         : ": allow holes to read it as zeroes"),
+      detail::extent_refusal(path,
+                             "a hole of " + std::to_string(count << lba_shift_) + " bytes at file offset " +
+                                 std::to_string(first << lba_shift_) +
+                                 (opts.for_writing ? ": writes need blocks the file system allocated"
+                                                   : ": allow holes to read it as zeroes"),
                              EINVAL);
     push(first, count, extent_hole);
   }
@@ -424,8 +443,9 @@ private:
     const unsigned maj = major(st_dev), min = minor(st_dev);
     const std::string devno = std::to_string(maj) + ":" + std::to_string(min);
     if (maj == 0)
-      detail::extent_refusal(path, "its file system (device " + devno +
-                                       ") is on no block device (tmpfs, overlayfs, a network or multi-disk file system)",
+      detail::extent_refusal(path,
+                             "its file system (device " + devno +
+                                 ") is on no block device (tmpfs, overlayfs, a network or multi-disk file system)",
                              ENODEV);
     std::error_code ec;
     const fs::path node = fs::canonical("/sys/dev/block/" + devno, ec);

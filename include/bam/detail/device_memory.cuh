@@ -1,17 +1,20 @@
 // SPDX-License-Identifier: MIT
-//! GPU memory a controller must reach (queue rings, PRP lists, the page
-//! cache's pages): allocated aligned and sized to the transport's GPU-memory
-//! granularity (64 KiB for NVIDIA's peer-to-peer interface), zeroed, and
-//! mapped. Mappings are undone before the memory is freed.
+//! Memory a controller must reach, for the GPU runtime and the software
+//! controller alike: GPU memory (queue rings, PRP lists, the page cache's
+//! pages) allocated aligned and sized to the transport's GPU-memory
+//! granularity (64 KiB for NVIDIA's peer-to-peer interface), and pinned host
+//! memory mapped into the GPU; zeroed and mapped. Mappings are undone before
+//! the memory is freed.
 #pragma once
 
 #include <bam/cuda.cuh>
-#include <bam/driver/controller.hpp>
 #include <bam/nvme/queue.hpp>
 #include <bam/transport/transport.hpp>
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
+#include <utility>
 
 namespace bam::detail {
 
@@ -33,7 +36,8 @@ public:
     if (raw_ != nullptr) BAM_CUDA_LOG(cudaFree(raw_));
   }
   aligned_device_memory(aligned_device_memory&& o) noexcept
-      : raw_(std::exchange(o.raw_, nullptr)), data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+      : raw_(std::exchange(o.raw_, nullptr)), data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {
+  }
   aligned_device_memory& operator=(aligned_device_memory&& o) noexcept {
     if (this != &o) {
       if (raw_ != nullptr) BAM_CUDA_LOG(cudaFree(raw_));
@@ -65,7 +69,7 @@ public:
 private:
   device_region(std::unique_ptr<dma_region> m, aligned_device_memory mem)
       : dma_region(m->data(), m->size(), m->kind(), m->page_bus()), mem_(std::move(mem)), mapping_(std::move(m)) {}
-  aligned_device_memory mem_;          // destroyed after the mapping (reverse order of declaration)
+  aligned_device_memory mem_; // destroyed after the mapping (reverse order of declaration)
   std::unique_ptr<dma_region> mapping_;
 };
 
@@ -81,16 +85,34 @@ inline void* alloc_queue_state(std::size_t bytes) {
   return p;
 }
 
-//! Controller options that put I/O queue rings and submitter state in GPU
-//! memory and hand GPU threads the doorbells (a real controller through the
-//! kernel module, or the software controller's GPU engine).
-inline controller_options gpu_queue_options(controller_options o = {}) {
-  static_assert(nvme::queue_state_alignment <= 256, "cudaMalloc aligns to 256 bytes");
-  o.ring_alloc = [](transport& t, std::size_t bytes) { return device_region::make(t, bytes); };
-  o.state_alloc = [](std::size_t bytes) { return alloc_queue_state(bytes); };
-  o.state_free = [](void* p) { BAM_CUDA_LOG(cudaFree(p)); };
-  o.device_doorbells = true;
-  return o;
-}
+//! Pinned host memory mapped into the GPU and for a controller (queue rings
+//! that host threads serve and GPU threads fill). The mapping goes first.
+class pinned_region final : public dma_region {
+public:
+  static std::unique_ptr<dma_region> make(transport& t, std::size_t bytes) {
+    const std::size_t size = transport::round_up(bytes);
+    void* raw = nullptr; // cudaHostAlloc does not promise 4 KiB alignment for small sizes
+    BAM_CUDA_TRY(cudaHostAlloc(&raw, size + dma_page_size, cudaHostAllocMapped | cudaHostAllocPortable));
+    void* p = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(raw) + dma_page_size - 1) / dma_page_size *
+                                      dma_page_size);
+    std::memset(p, 0, size);
+    try {
+      return std::unique_ptr<dma_region>(new pinned_region(t.map(p, size, memory_kind::host), raw));
+    } catch (...) {
+      cudaFreeHost(raw);
+      throw;
+    }
+  }
+  ~pinned_region() override {
+    mapping_.reset();
+    BAM_CUDA_LOG(cudaFreeHost(raw_));
+  }
+
+private:
+  pinned_region(std::unique_ptr<dma_region> m, void* raw)
+      : dma_region(m->data(), m->size(), m->kind(), m->page_bus()), mapping_(std::move(m)), raw_(raw) {}
+  std::unique_ptr<dma_region> mapping_;
+  void* raw_;
+};
 
 } // namespace bam::detail

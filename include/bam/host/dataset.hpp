@@ -48,17 +48,17 @@ struct transfer_progress {
 
 struct dataset_options {
   std::uint32_t nsid = 1;
-  std::uint64_t offset = 0; //!< byte offset on the namespace (a multiple of its LBA size)
-  std::uint64_t chunk_bytes = 1ull << 20; //!< bytes per chunk (a multiple of the LBA size)
-  std::uint32_t queues = 0;               //!< I/O queues to use (0: the controller's, at most 8)
-  std::uint32_t in_flight = 0;            //!< chunks in flight (0: two per queue, at most 16)
-  std::uint64_t max_bytes_per_second = 0; //!< throttle (0: none)
-  bool verify = false;                    //!< load: read every chunk back and compare checksums
-  std::string state_path; //!< load: state file (default: the source path + ".bam-load")
-  bool resume = true;     //!< load: false ignores (and replaces) a state file
-  std::uint64_t state_interval_ms = 1000; //!< load: flush the device and record chunks this often
+  std::uint64_t offset = 0;                               //!< byte offset on the namespace (a multiple of its LBA size)
+  std::uint64_t chunk_bytes = 1ull << 20;                 //!< bytes per chunk (a multiple of the LBA size)
+  std::uint32_t queues = 0;                               //!< I/O queues to use (0: the controller's, at most 8)
+  std::uint32_t in_flight = 0;                            //!< chunks in flight (0: two per queue, at most 16)
+  std::uint64_t max_bytes_per_second = 0;                 //!< throttle (0: none)
+  bool verify = false;                                    //!< load: read every chunk back and compare checksums
+  std::string state_path;                                 //!< load: state file (default: the source path + ".bam-load")
+  bool resume = true;                                     //!< load: false ignores (and replaces) a state file
+  std::uint64_t state_interval_ms = 1000;                 //!< load: flush the device and record chunks this often
   std::function<void(const transfer_progress&)> progress; //!< may be empty
-  const std::atomic<bool>* cancel = nullptr; //!< set it (e.g. from SIGINT) to stop cleanly
+  const std::atomic<bool>* cancel = nullptr;              //!< set it (e.g. from SIGINT) to stop cleanly
 };
 
 struct dataset_result {
@@ -83,11 +83,9 @@ struct data_source {
 //! tail of the last block beyond the data is written as zeroes. Throws
 //! `bam::error` saying what failed (a device error names the LBA and status);
 //! what reached the device before stays recorded for a resume.
-inline dataset_result load_dataset(controller& c, const data_source& src,
-                                   const dataset_options& o = {});
+inline dataset_result load_dataset(controller& c, const data_source& src, const dataset_options& o = {});
 //! `load_dataset` from a file.
-inline dataset_result load_dataset(controller& c, const std::string& path,
-                                   const dataset_options& o = {});
+inline dataset_result load_dataset(controller& c, const std::string& path, const dataset_options& o = {});
 
 //! Read `length` bytes from namespace `o.nsid` of `c` at byte `o.offset` into
 //! the file `path` (created or truncated; "-" is standard output).
@@ -99,4 +97,4 @@ inline std::string file_checksum(const std::string& path);
 
 } // namespace bam
 
-#include <bam/detail/dataset_impl.hpp>
+#include <bam/host/detail/dataset_impl.hpp>

@@ -25,7 +25,7 @@
 #pragma once
 
 #include <bam/error.hpp>
-#include <bam/media_kind.hpp>
+#include <bam/transport/media_kind.hpp>
 
 #include <cerrno>
 #include <cstdint>
@@ -41,8 +41,30 @@ enum class device_kind {
   pci,     //!< kernel-module transport
 };
 
+//! The kind's scheme as written in device strings.
+inline const char* device_kind_name(device_kind k) {
+  switch (k) {
+  case device_kind::emu_gpu: return "emu-gpu:";
+  case device_kind::emu_cpu: return "emu:";
+  case device_kind::pci: return "/dev/bam-nvme";
+  }
+  return "unknown";
+}
+
+//! The header that registers the transport of kind `k` (for host I/O, or
+//! for GPU submitters), for messages.
+inline const char* device_kind_header(device_kind k, bool gpu) {
+  switch (k) {
+  case device_kind::emu_gpu: return "bam/bam.cuh (or bam/emu/gpu.cuh)";
+  case device_kind::emu_cpu: return gpu ? "bam/bam.cuh (or bam/emu/gpu.cuh)" : "bam/host.hpp (or bam/emu.hpp)";
+  case device_kind::pci:
+    return gpu ? "bam/bam.cuh (or bam/transport/pci.hpp)" : "bam/host.hpp (or bam/transport/pci.hpp)";
+  }
+  return "bam/bam.cuh";
+}
+
 struct device_spec {
-  std::string text;                 //!< the string as given
+  std::string text; //!< the string as given
   device_kind kind = device_kind::emu_gpu;
   media_kind media = media_kind::ram;
   std::uint64_t bytes = 0;          //!< media size per controller (0 for a file: its size)
@@ -56,9 +78,9 @@ struct device_spec {
   std::uint64_t iops = 0;
   std::uint64_t latency_ns = 0;
   std::uint64_t timeout_ns = 10'000'000'000ull;
-  bool read_only = false;           //!< `ro`: file media opened read-only
-  bool extents = false;             //!< `extents=PATH`: the file through its extents on the raw disk
-  bool holes = false;               //!< with extents: holes and unwritten extents read as zeroes
+  bool read_only = false; //!< `ro`: file media opened read-only
+  bool extents = false;   //!< `extents=PATH`: the file through its extents on the raw disk
+  bool holes = false;     //!< with extents: holes and unwritten extents read as zeroes
 };
 
 namespace detail {
@@ -92,8 +114,7 @@ inline std::uint64_t parse_number(const std::string& text, std::string_view key,
     for (auto& ch : su)
       if (ch >= 'a' && ch <= 'z') ch = static_cast<char>(ch - 'a' + 'A');
     if (suffix == su) {
-      if (mult != 0 && n > UINT64_MAX / mult)
-        bad_device(text, std::string(key) + "=" + std::string(v) + " overflows");
+      if (mult != 0 && n > UINT64_MAX / mult) bad_device(text, std::string(key) + "=" + std::string(v) + " overflows");
       return n * mult;
     }
   }
@@ -103,9 +124,20 @@ inline std::uint64_t parse_number(const std::string& text, std::string_view key,
 inline std::uint64_t parse_size(const std::string& t, std::string_view k, std::string_view v) {
   constexpr std::uint64_t K = 1024;
   return parse_number(t, k, v,
-                      {{"", 1}, {"B", 1}, {"K", K}, {"KB", K}, {"KIB", K}, {"M", K * K}, {"MB", K * K},
-                       {"MIB", K * K}, {"G", K * K * K}, {"GB", K * K * K}, {"GIB", K * K * K},
-                       {"T", K * K * K * K}, {"TB", K * K * K * K}, {"TIB", K * K * K * K}});
+                      {{"", 1},
+                       {"B", 1},
+                       {"K", K},
+                       {"KB", K},
+                       {"KIB", K},
+                       {"M", K * K},
+                       {"MB", K * K},
+                       {"MIB", K * K},
+                       {"G", K * K * K},
+                       {"GB", K * K * K},
+                       {"GIB", K * K * K},
+                       {"T", K * K * K * K},
+                       {"TB", K * K * K * K},
+                       {"TIB", K * K * K * K}});
 }
 inline std::uint64_t parse_rate(const std::string& t, std::string_view k, std::string_view v) {
   return parse_number(t, k, v, {{"", 1}, {"K", 1000}, {"M", 1000000}, {"G", 1000000000}});
@@ -113,8 +145,8 @@ inline std::uint64_t parse_rate(const std::string& t, std::string_view k, std::s
 inline std::uint64_t parse_time(const std::string& t, std::string_view k, std::string_view v) {
   return parse_number(t, k, v, {{"NS", 1}, {"US", 1000}, {"MS", 1000000}, {"S", 1000000000}});
 }
-inline std::uint32_t parse_count(const std::string& t, std::string_view k, std::string_view v,
-                                 std::uint64_t lo, std::uint64_t hi) {
+inline std::uint32_t parse_count(const std::string& t, std::string_view k, std::string_view v, std::uint64_t lo,
+                                 std::uint64_t hi) {
   const std::uint64_t n = parse_number(t, k, v, {{"", 1}});
   if (n < lo || n > hi)
     bad_device(t, std::string(k) + "=" + std::string(v) + " outside [" + std::to_string(lo) + ", " +
@@ -146,9 +178,12 @@ inline device_spec parse_device(const std::string& text) {
   }
   const auto colon = text.find(':');
   const std::string scheme = text.substr(0, colon);
-  if (scheme == "emu-gpu") s.kind = device_kind::emu_gpu;
-  else if (scheme == "emu") s.kind = device_kind::emu_cpu;
-  else bad_device(text, "unknown transport '" + scheme + "'");
+  if (scheme == "emu-gpu")
+    s.kind = device_kind::emu_gpu;
+  else if (scheme == "emu")
+    s.kind = device_kind::emu_cpu;
+  else
+    bad_device(text, "unknown transport '" + scheme + "'");
   if (colon == std::string::npos || colon + 1 == text.size()) bad_device(text, "no media given");
   std::string_view opts(text);
   opts.remove_prefix(colon + 1);
@@ -157,7 +192,8 @@ inline device_spec parse_device(const std::string& text) {
     const auto comma = opts.find(',');
     const std::string_view item = opts.substr(0, comma);
     if (item == "ro" || item == "holes") {
-      if (s.kind != device_kind::emu_cpu) bad_device(text, std::string(item) + " applies to file media (emu:file=...,ro)");
+      if (s.kind != device_kind::emu_cpu)
+        bad_device(text, std::string(item) + " applies to file media (emu:file=...,ro)");
       (item == "ro" ? s.read_only : s.holes) = true;
       if (comma == std::string_view::npos) break;
       opts.remove_prefix(comma + 1);

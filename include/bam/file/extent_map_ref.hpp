@@ -28,8 +28,9 @@ namespace bam {
 inline constexpr std::uint64_t extent_hole = ~std::uint64_t{0};
 
 struct extent_map_ref {
-  const std::uint64_t* start = nullptr; //!< runs + 1 entries: first file block of each run; start[runs] = blocks covered
-  const std::uint64_t* lba = nullptr;   //!< runs entries: disk LBA of each run's first block, or extent_hole
+  const std::uint64_t* start =
+      nullptr;                        //!< runs + 1 entries: first file block of each run; start[runs] = blocks covered
+  const std::uint64_t* lba = nullptr; //!< runs entries: disk LBA of each run's first block, or extent_hole
   std::uint64_t runs = 0;
   std::uint64_t file_size = 0; //!< bytes; the last block may be partly past it
   std::uint32_t lba_shift = 9; //!< log2 of the disk's logical block size
@@ -48,8 +49,10 @@ struct extent_map_ref {
     std::uint64_t lo = 0, hi = runs; // start[lo] <= block < start[hi]
     while (hi - lo > 1) {
       const std::uint64_t mid = lo + (hi - lo) / 2;
-      if (start[mid] <= block) lo = mid;
-      else hi = mid;
+      if (start[mid] <= block)
+        lo = mid;
+      else
+        hi = mid;
     }
     const std::uint64_t into = block - start[lo];
     return {lba[lo] == extent_hole ? extent_hole : lba[lo] + into, start[lo + 1] - block};

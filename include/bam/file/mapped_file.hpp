@@ -27,7 +27,7 @@
 #pragma once
 
 #include <bam/driver/controller.hpp>
-#include <bam/extent_map.hpp>
+#include <bam/file/extent_map.hpp>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -81,7 +81,8 @@ inline std::optional<nvme_wwid> parse_nvme_wwid(const std::string& id) {
 
 //! An identify string field without its trailing blanks and NULs (as Linux trims it for the wwid).
 inline std::string trim_id_field(const char* s, std::size_t n) {
-  while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\0')) --n;
+  while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\0'))
+    --n;
   return std::string(s, n);
 }
 
@@ -128,9 +129,10 @@ inline void check_same_namespace(const controller& ctrl, std::uint32_t nsid, con
     refuse("its logical blocks are " + std::to_string(ns.lba_size) + " bytes, the disk's " +
            std::to_string(d.lba_size));
   if (d.disk_bytes != 0 && ns.blocks * ns.lba_size != d.disk_bytes)
-    refuse("it holds " + std::to_string(ns.blocks * ns.lba_size) + " bytes, the disk " +
-           std::to_string(d.disk_bytes));
-  auto nonzero = [](const auto& a) { return std::any_of(std::begin(a), std::end(a), [](std::uint8_t b) { return b != 0; }); };
+    refuse("it holds " + std::to_string(ns.blocks * ns.lba_size) + " bytes, the disk " + std::to_string(d.disk_bytes));
+  auto nonzero = [](const auto& a) {
+    return std::any_of(std::begin(a), std::end(a), [](std::uint8_t b) { return b != 0; });
+  };
   if (nonzero(d.nguid) && nonzero(ns.id.nguid) && std::memcmp(d.nguid.data(), ns.id.nguid, 16) != 0)
     refuse("its NGUID differs");
   if (nonzero(d.eui64) && nonzero(ns.id.eui64) && std::memcmp(d.eui64.data(), ns.id.eui64, 8) != 0)
@@ -169,7 +171,7 @@ inline void read_mapped(controller& ctrl, std::uint32_t nsid, const extent_map& 
   constexpr std::uint64_t chunk = 1ull << 20;
   const std::uint64_t need = (offset % lbs + len + lbs - 1) / lbs * lbs;
   const std::uint64_t bounce_bytes = std::max<std::uint64_t>(std::min(chunk, need), lbs);
-  std::unique_ptr<dma_region> bounce = ctrl.transport_ref().alloc(bounce_bytes);
+  std::unique_ptr<dma_region> bounce = ctrl.transport().alloc(bounce_bytes);
   auto* out = static_cast<unsigned char*>(dst);
   detail::for_each_piece(map, offset, len, bounce_bytes / lbs,
                          [&](std::uint64_t lba, std::uint64_t blocks, std::uint64_t skip, std::uint64_t n) {
@@ -198,15 +200,17 @@ inline void write_mapped(controller& ctrl, std::uint32_t nsid, const extent_map&
   if (!map.options().for_writing || map.has_holes()) {
     error_context c;
     c.errnum = EINVAL;
-    throw error("writing " + map.path() + " through raw blocks needs a map made for writing "
-                "(extent_map_options::for_writing): it refuses holes and shared blocks",
+    throw error("writing " + map.path() +
+                    " through raw blocks needs a map made for writing "
+                    "(extent_map_options::for_writing): it refuses holes and shared blocks",
                 c);
   }
   if (offset > map.file_size() || len > map.file_size() - offset) {
     error_context c;
     c.errnum = EINVAL;
     throw error("writing " + std::to_string(len) + " bytes at offset " + std::to_string(offset) + " of " + map.path() +
-                    " (" + std::to_string(map.file_size()) + " bytes): past the end of the file, which raw "
+                    " (" + std::to_string(map.file_size()) +
+                    " bytes): past the end of the file, which raw "
                     "writes cannot extend",
                 c);
   }
@@ -216,7 +220,7 @@ inline void write_mapped(controller& ctrl, std::uint32_t nsid, const extent_map&
   const std::uint64_t lbs = map.lba_size();
   constexpr std::uint64_t chunk = 1ull << 20;
   const std::uint64_t bounce_bytes = std::max<std::uint64_t>(chunk, lbs);
-  std::unique_ptr<dma_region> bounce = ctrl.transport_ref().alloc(bounce_bytes);
+  std::unique_ptr<dma_region> bounce = ctrl.transport().alloc(bounce_bytes);
   const auto* in = static_cast<const unsigned char*>(src);
   detail::for_each_piece(map, offset, len, bounce_bytes / lbs,
                          [&](std::uint64_t lba, std::uint64_t blocks, std::uint64_t skip, std::uint64_t n) {
@@ -241,10 +245,10 @@ inline void write_mapped(controller& ctrl, std::uint32_t nsid, const extent_map&
 struct file_access {
   enum class path { direct, via_file };
   path kind = path::via_file;
-  std::string device;                //!< device string to open
-  std::string reason;                //!< why this path (printed by tools and examples)
-  std::optional<extent_map> map;     //!< where the file's blocks are (always set for direct; set for
-                                     //!< via_file when only the disk could not be opened)
+  std::string device;            //!< device string to open
+  std::string reason;            //!< why this path (printed by tools and examples)
+  std::optional<extent_map> map; //!< where the file's blocks are (always set for direct; set for
+                                 //!< via_file when only the disk could not be opened)
 };
 
 //! Chooses the path for reading `path`: direct when the file system reports
@@ -279,8 +283,9 @@ inline file_access plan_file_access(const std::string& path, const extent_map_op
   a.kind = file_access::path::direct;
   a.device = "emu:extents=" + path + (opts.allow_holes ? ",holes" : "");
   a.reason = "reading " + std::to_string(m->runs()) + " run(s) of raw blocks of " + node +
-             (m->device().partition.empty() ? "" : " (partition " + m->device().partition + " at byte " +
-                                                      std::to_string(m->device().partition_start) + ")") +
+             (m->device().partition.empty() ? ""
+                                            : " (partition " + m->device().partition + " at byte " +
+                                                  std::to_string(m->device().partition_start) + ")") +
              " through the software controller";
   a.map = std::move(m);
   return a;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-//! Implementation of bam/dataset.hpp: the chunk pipeline, checksums (xxHash,
+//! Implementation of bam/host/dataset.hpp: the chunk pipeline, checksums (xxHash,
 //! header-only), the resume state file and the throttle.
 #pragma once
 
@@ -36,8 +36,7 @@ inline constexpr std::uint64_t max_chunk_bytes = 256ull << 20;
 inline constexpr std::uint32_t default_max_queues = 8;
 inline constexpr std::uint32_t default_max_in_flight = 16;
 
-[[noreturn]] inline void dataset_fail(const std::string& what, int errnum = EINVAL,
-                                      std::string who = {}) {
+[[noreturn]] inline void dataset_fail(const std::string& what, int errnum = EINVAL, std::string who = {}) {
   error_context c;
   c.errnum = errnum;
   c.controller = std::move(who);
@@ -89,9 +88,7 @@ struct transfer_plan {
   std::uint32_t window = 0;
 
   std::uint64_t chunk_offset(std::uint64_t i) const { return i * chunk_bytes; }
-  std::uint64_t chunk_len(std::uint64_t i) const {
-    return std::min(chunk_bytes, bytes - i * chunk_bytes);
-  }
+  std::uint64_t chunk_len(std::uint64_t i) const { return std::min(chunk_bytes, bytes - i * chunk_bytes); }
   std::uint32_t chunk_blocks(std::uint64_t i) const {
     return static_cast<std::uint32_t>((chunk_len(i) + lba_size - 1) / lba_size);
   }
@@ -106,23 +103,20 @@ inline transfer_plan plan_transfer(controller& c, std::uint64_t bytes, const dat
   p.chunk_bytes = o.chunk_bytes;
   auto fail = [&](const std::string& why) { dataset_fail(why, EINVAL, c.name()); };
   if (o.offset % ns.lba_size != 0)
-    fail("offset " + std::to_string(o.offset) + " is not a multiple of the LBA size (" +
-         std::to_string(ns.lba_size) + " bytes) of namespace " + std::to_string(o.nsid));
+    fail("offset " + std::to_string(o.offset) + " is not a multiple of the LBA size (" + std::to_string(ns.lba_size) +
+         " bytes) of namespace " + std::to_string(o.nsid));
   if (o.chunk_bytes == 0 || o.chunk_bytes % ns.lba_size != 0 || o.chunk_bytes > max_chunk_bytes)
-    fail("chunk size " + std::to_string(o.chunk_bytes) +
-         " must be a nonzero multiple of the LBA size (" + std::to_string(ns.lba_size) +
-         ") up to " + std::to_string(max_chunk_bytes >> 20) + " MiB");
+    fail("chunk size " + std::to_string(o.chunk_bytes) + " must be a nonzero multiple of the LBA size (" +
+         std::to_string(ns.lba_size) + ") up to " + std::to_string(max_chunk_bytes >> 20) + " MiB");
   const std::uint64_t capacity = ns.blocks * ns.lba_size;
   const std::uint64_t span = (bytes + ns.lba_size - 1) / ns.lba_size * ns.lba_size;
   if (o.offset > capacity || span > capacity - o.offset)
-    fail(std::to_string(bytes) + " bytes at offset " + std::to_string(o.offset) +
-         " do not fit namespace " + std::to_string(o.nsid) + " of " + std::to_string(capacity) +
-         " bytes");
+    fail(std::to_string(bytes) + " bytes at offset " + std::to_string(o.offset) + " do not fit namespace " +
+         std::to_string(o.nsid) + " of " + std::to_string(capacity) + " bytes");
   p.first_lba = o.offset / ns.lba_size;
   p.chunks = (bytes + p.chunk_bytes - 1) / p.chunk_bytes;
   const std::uint32_t have = c.io_queue_count();
-  p.queues =
-      std::max<std::uint32_t>(1, std::min(o.queues != 0 ? o.queues : default_max_queues, have));
+  p.queues = std::max<std::uint32_t>(1, std::min(o.queues != 0 ? o.queues : default_max_queues, have));
   p.window = o.in_flight != 0 ? o.in_flight : std::min(2 * p.queues, default_max_in_flight);
   return p;
 }
@@ -133,9 +127,8 @@ struct throttle {
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   void admit(std::uint64_t bytes_before) const {
     if (rate == 0) return;
-    const auto due =
-        start + std::chrono::nanoseconds(static_cast<std::int64_t>(
-                    static_cast<double>(bytes_before) * 1e9 / static_cast<double>(rate)));
+    const auto due = start + std::chrono::nanoseconds(static_cast<std::int64_t>(static_cast<double>(bytes_before) *
+                                                                                1e9 / static_cast<double>(rate)));
     std::this_thread::sleep_until(due);
   }
 };
@@ -198,8 +191,7 @@ public:
     };
     std::string line;
     if (!next_line(line) || line != dataset_state_magic)
-      dataset_fail("'" + path_ +
-                   "' is not a bam load state file: remove it or pass another state path");
+      dataset_fail("'" + path_ + "' is not a bam load state file: remove it or pass another state path");
     std::map<std::string, std::string> seen;
     while (next_line(line)) {
       const auto sp = line.find(' ');
@@ -246,8 +238,7 @@ public:
       } guard{fd};
       write_all(fd, text, tmp);
     }
-    if (::rename(tmp.c_str(), path_.c_str()) != 0)
-      dataset_fail("renaming '" + tmp + "' to '" + path_ + "'", errno);
+    if (::rename(tmp.c_str(), path_.c_str()) != 0) dataset_fail("renaming '" + tmp + "' to '" + path_ + "'", errno);
     fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
     if (fd_ < 0) dataset_fail("opening the load state file '" + path_ + "'", errno);
   }
@@ -295,8 +286,7 @@ struct chunk_slot {
   bool written = false;
 };
 
-inline void read_fully(int fd, std::uint64_t offset, void* dst, std::size_t len,
-                       const std::string& what) {
+inline void read_fully(int fd, std::uint64_t offset, void* dst, std::size_t len, const std::string& what) {
   auto* p = static_cast<unsigned char*>(dst);
   while (len > 0) {
     const ssize_t n = ::pread(fd, p, len, static_cast<off_t>(offset));
@@ -326,8 +316,7 @@ inline bool cancelled(const dataset_options& o) {
 
 } // namespace detail
 
-inline dataset_result load_dataset(controller& c, const data_source& src,
-                                   const dataset_options& o) {
+inline dataset_result load_dataset(controller& c, const data_source& src, const dataset_options& o) {
   using namespace detail;
   if (!src.read) dataset_fail("load_dataset: the data source has no read function");
   const transfer_plan p = plan_transfer(c, src.size, o);
@@ -338,37 +327,33 @@ inline dataset_result load_dataset(controller& c, const data_source& src,
   r.state_path = o.state_path.empty() ? src.identity + ".bam-load" : o.state_path;
 
   const namespace_info& ns = c.ns(o.nsid);
-  load_state state(r.state_path,
-                   {{"source", src.identity},
-                    {"source-bytes", std::to_string(src.size)},
-                    {"device", c.model() + " / " + c.serial()},
-                    {"namespace", std::to_string(o.nsid) + " of " + std::to_string(ns.blocks) +
-                                      " x " + std::to_string(ns.lba_size) + " B"},
-                    {"offset", std::to_string(o.offset)},
-                    {"chunk-bytes", std::to_string(p.chunk_bytes)}});
+  load_state state(r.state_path, {{"source", src.identity},
+                                  {"source-bytes", std::to_string(src.size)},
+                                  {"device", c.model() + " / " + c.serial()},
+                                  {"namespace", std::to_string(o.nsid) + " of " + std::to_string(ns.blocks) + " x " +
+                                                    std::to_string(ns.lba_size) + " B"},
+                                  {"offset", std::to_string(o.offset)},
+                                  {"chunk-bytes", std::to_string(p.chunk_bytes)}});
   std::map<std::uint64_t, std::uint64_t> recorded;
   if (o.resume) recorded = state.read_done();
   // Records stay until a chunk is written again; a later line for the same
   // chunk replaces an earlier one.
   state.open(recorded);
 
-  std::vector<chunk_slot> slots(
-      std::min<std::uint64_t>(p.window, std::max<std::uint64_t>(p.chunks, 1)));
+  std::vector<chunk_slot> slots(std::min<std::uint64_t>(p.window, std::max<std::uint64_t>(p.chunks, 1)));
   for (auto& s : slots)
-    s.buf = c.transport_ref().alloc(p.chunk_bytes);
+    s.buf = c.transport().alloc(p.chunk_bytes);
   xxh128_stream total;
   throttle gate{o.max_bytes_per_second, t0};
   std::atomic<std::uint64_t> verified{0};
-  std::vector<std::pair<std::uint64_t, std::uint64_t>>
-      unrecorded; // on the device, not yet in the file
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> unrecorded; // on the device, not yet in the file
   auto last_record = std::chrono::steady_clock::now();
   std::uint64_t done_chunks = 0, done_bytes = 0, started_bytes = 0;
   std::optional<error> first_error;
 
   auto record = [&](bool force) {
     if (unrecorded.empty()) return;
-    if (!force && seconds_since(last_record) * 1000 < static_cast<double>(o.state_interval_ms))
-      return;
+    if (!force && seconds_since(last_record) * 1000 < static_cast<double>(o.state_interval_ms)) return;
     c.flush(o.nsid); // what the file records must survive a power loss too
     state.append(unrecorded);
     unrecorded.clear();
@@ -434,22 +419,19 @@ inline dataset_result load_dataset(controller& c, const data_source& src,
     dma_region* buf = s.buf.get();
     const std::uint64_t want = s.hash;
     const bool verify = o.verify;
-    s.job = std::async(std::launch::async,
-                       [&c, &o, &verified, buf, lba, nblocks, len, queue, want, verify, i] {
-                         c.write(o.nsid, lba, nblocks, *buf, 0, queue);
-                         if (!verify) return;
-                         std::memset(buf->data(), 0, len);
-                         c.read(o.nsid, lba, nblocks, *buf, 0, queue);
-                         if (chunk_hash(buf->data(), len) != want) {
-                           error_context ec;
-                           ec.controller = c.name();
-                           ec.lba = lba;
-                           throw error("verify failed: chunk " + std::to_string(i) +
-                                           " reads back different from what was written",
-                                       ec);
-                         }
-                         verified.fetch_add(1, std::memory_order_relaxed);
-                       });
+    s.job = std::async(std::launch::async, [&c, &o, &verified, buf, lba, nblocks, len, queue, want, verify, i] {
+      c.write(o.nsid, lba, nblocks, *buf, 0, queue);
+      if (!verify) return;
+      std::memset(buf->data(), 0, len);
+      c.read(o.nsid, lba, nblocks, *buf, 0, queue);
+      if (chunk_hash(buf->data(), len) != want) {
+        error_context ec;
+        ec.controller = c.name();
+        ec.lba = lba;
+        throw error("verify failed: chunk " + std::to_string(i) + " reads back different from what was written", ec);
+      }
+      verified.fetch_add(1, std::memory_order_relaxed);
+    });
     try {
       record(false);
     } catch (const error& e) {
@@ -470,9 +452,8 @@ inline dataset_result load_dataset(controller& c, const data_source& src,
     error_context ec;
     ec.controller = c.name();
     ec.errnum = EINTR;
-    throw error("load interrupted after " + std::to_string(done_chunks) + " of " +
-                    std::to_string(p.chunks) + " chunks; they are recorded in '" + r.state_path +
-                    "': run it again to resume",
+    throw error("load interrupted after " + std::to_string(done_chunks) + " of " + std::to_string(p.chunks) +
+                    " chunks; they are recorded in '" + r.state_path + "': run it again to resume",
                 ec);
   }
   state.remove();
@@ -480,8 +461,7 @@ inline dataset_result load_dataset(controller& c, const data_source& src,
   return r;
 }
 
-inline dataset_result load_dataset(controller& c, const std::string& path,
-                                   const dataset_options& o) {
+inline dataset_result load_dataset(controller& c, const std::string& path, const dataset_options& o) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) detail::dataset_fail("opening '" + path + "'", errno);
   struct closer {
@@ -517,8 +497,7 @@ inline dataset_result dump_dataset(controller& c, const std::string& path, std::
   const transfer_plan p = plan_transfer(c, length, o);
   const auto t0 = std::chrono::steady_clock::now();
   const bool to_stdout = path == "-";
-  const int fd = to_stdout ? STDOUT_FILENO
-                           : ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = to_stdout ? STDOUT_FILENO : ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) dataset_fail("creating '" + path + "'", errno);
   struct closer {
     int fd;
@@ -531,10 +510,9 @@ inline dataset_result dump_dataset(controller& c, const std::string& path, std::
   dataset_result r;
   r.bytes = length;
   r.chunks = p.chunks;
-  std::vector<chunk_slot> slots(
-      std::min<std::uint64_t>(p.window, std::max<std::uint64_t>(p.chunks, 1)));
+  std::vector<chunk_slot> slots(std::min<std::uint64_t>(p.window, std::max<std::uint64_t>(p.chunks, 1)));
   for (auto& s : slots)
-    s.buf = c.transport_ref().alloc(p.chunk_bytes);
+    s.buf = c.transport().alloc(p.chunk_bytes);
   xxh128_stream total;
   throttle gate{o.max_bytes_per_second, t0};
   std::optional<error> first_error;
@@ -577,9 +555,8 @@ inline dataset_result dump_dataset(controller& c, const std::string& path, std::
     const std::uint64_t lba = p.chunk_lba(i);
     const std::uint32_t nblocks = p.chunk_blocks(i);
     const std::uint32_t queue = static_cast<std::uint32_t>(i % p.queues);
-    s.job = std::async(std::launch::async, [&c, &o, buf, lba, nblocks, queue] {
-      c.read(o.nsid, lba, nblocks, *buf, 0, queue);
-    });
+    s.job = std::async(std::launch::async,
+                       [&c, &o, buf, lba, nblocks, queue] { c.read(o.nsid, lba, nblocks, *buf, 0, queue); });
   }
   // Drain in chunk order (the oldest sits in slot i % size) so the output stays in order.
   for (std::uint64_t k = 0; k < slots.size(); ++k)
@@ -590,8 +567,7 @@ inline dataset_result dump_dataset(controller& c, const std::string& path, std::
     error_context ec;
     ec.controller = c.name();
     ec.errnum = EINTR;
-    throw error("dump interrupted after " + std::to_string(done_chunks) + " of " +
-                    std::to_string(p.chunks) + " chunks",
+    throw error("dump interrupted after " + std::to_string(done_chunks) + " of " + std::to_string(p.chunks) + " chunks",
                 ec);
   }
   r.checksum = total.hex();
