@@ -20,7 +20,6 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
-#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -77,17 +76,16 @@ TEST_CASE("Without the hook: commands on the GPU engine are refused at once, say
   bam::page_cache cache({.page_size = 4096, .capacity = 1 << 20});
   bam::array<std::uint32_t> a(cache, s, (8u << 20) / 4);
   bam::device_buffer<unsigned long long> sum(1);
-  const auto t0 = std::chrono::steady_clock::now();
   sum_kernel<<<8, 128>>>(a.ref(), sum.get());
   BAM_CUDA_TRY(cudaDeviceSynchronize());
-  // Refused, not waited for: far below the 30 s deadline.
-  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
   std::string what;
   try {
     a.check();
   } catch (const bam::error& e) {
     what = e.what();
   }
+  // Refused, not waited for: a wait would have ended in a timeout status and
+  // a broken queue.
   CHECK_THAT(what, Catch::Matchers::ContainsSubstring("Kernel Compiled Without the Transport's Device Hook"));
   CHECK_FALSE(s.any_queue_broken());
 
