@@ -24,8 +24,10 @@ namespace {
 std::string refusal(const std::string& device, bool gpu) {
   try {
     const auto spec = bam::parse_device(device);
-    if (gpu) bam::open_gpu_transports(spec);
-    else bam::open_host_transports(spec);
+    if (gpu)
+      bam::open_gpu_transports(spec);
+    else
+      bam::open_host_transports(spec);
   } catch (const bam::error& e) {
     return e.what();
   }

@@ -45,7 +45,8 @@ __global__ void raw_read_kernel(bam::queue_set_ref q, const std::uint64_t* bus, 
 
 std::vector<std::uint32_t> counting(std::size_t n) {
   std::vector<std::uint32_t> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::uint32_t>(i * 7 + 1);
+  for (std::size_t i = 0; i < n; ++i)
+    v[i] = static_cast<std::uint32_t>(i * 7 + 1);
   return v;
 }
 
@@ -65,7 +66,8 @@ TEST_CASE("Without the hook: kernels read a controller served by host threads", 
   BAM_CUDA_TRY(cudaDeviceSynchronize());
   REQUIRE_NOTHROW(a.check());
   unsigned long long got = 0, want = 0;
-  for (auto x : v) want += x;
+  for (auto x : v)
+    want += x;
   bam::copy_to_host(&got, sum.get(), 1);
   CHECK(got == want);
 }
@@ -98,6 +100,7 @@ TEST_CASE("Without the hook: commands on the GPU engine are refused at once, say
   BAM_CUDA_TRY(cudaDeviceSynchronize());
   std::vector<std::uint16_t> got(lanes);
   bam::copy_to_host(got.data(), status.get(), lanes);
-  for (unsigned l = 0; l < lanes; ++l) CHECK(bam::nvme::status(got[l]) == bam::nvme::status_no_progress_hook);
+  for (unsigned l = 0; l < lanes; ++l)
+    CHECK(bam::nvme::status(got[l]) == bam::nvme::status_no_progress_hook);
   CHECK_FALSE(s.any_queue_broken());
 }

@@ -9,7 +9,8 @@
 #pragma once
 
 #ifdef BAM_DEVICE_PROGRESS_DISPATCH
-#error "include <bam/emu/gpu_engine_progress.cuh> (or <bam/bam.cuh>, <bam/emu/gpu.cuh>) before the GPU runtime's headers: their wait loops are compiled with the progress hooks declared before them"
+#error                                                                                                                 \
+    "include <bam/emu/gpu_engine_progress.cuh> (or <bam/bam.cuh>, <bam/emu/gpu.cuh>) before the GPU runtime's headers: their wait loops are compiled with the progress hooks declared before them"
 #endif
 #ifdef BAM_DEVICE_PROGRESS_HOOK
 #error "a device progress hook is already defined: one transport with a device-side hook per translation unit"

@@ -62,7 +62,8 @@ namespace detail {
 //! `emu:` for host I/O: software controllers with the CPU engine.
 inline std::vector<std::shared_ptr<transport>> open_host_controllers(const device_spec& spec) {
   std::vector<std::shared_ptr<transport>> out;
-  for (std::uint32_t i = 0; i < spec.ssds; ++i) out.push_back(make_emulated_controller(config_for(spec, i, open_media(spec, i))));
+  for (std::uint32_t i = 0; i < spec.ssds; ++i)
+    out.push_back(make_emulated_controller(config_for(spec, i, open_media(spec, i))));
   return out;
 }
 

@@ -46,7 +46,7 @@ namespace bam {
 //! count of hot rows before it.
 template <class T>
 struct hot_rows_ref {
-  const std::uint64_t* bits = nullptr; //!< bit r % 64 of word r / 64: row r is hot
+  const std::uint64_t* bits = nullptr;   //!< bit r % 64 of word r / 64: row r is hot
   const std::uint32_t* before = nullptr; //!< hot rows before word w
   const T* data = nullptr;               //!< the hot rows in increasing id order (pinned host memory, mapped)
   std::uint64_t rows = 0;                //!< rows the bitmap covers: the table's whole rows
@@ -74,8 +74,7 @@ public:
   //! page cache now (ids in any order). Throws `bam::error` (EINVAL) for an
   //! id past the last whole row, an id given twice, more than 2^32 - 1 rows,
   //! or a bad width; a failed read throws as `a.check` does.
-  hot_rows(array<T>& a, std::uint64_t row_width, const std::vector<std::uint64_t>& ids,
-           cudaStream_t stream = nullptr)
+  hot_rows(array<T>& a, std::uint64_t row_width, const std::vector<std::uint64_t>& ids, cudaStream_t stream = nullptr)
       : row_width_(row_width), rows_(row_width == 0 ? 0 : a.size() / row_width), table_(a.size()) {
     if (row_width == 0 || row_width > a.size())
       throw error("bam::hot_rows: row width " + std::to_string(row_width) + " (1 to the array's " +
@@ -111,8 +110,7 @@ public:
     data_ = pinned_buffer<T>(sorted.size() * row_width);
     // Through the cache, a bounded number of rows at a time (a GPU buffer of
     // about 64 MiB), straight into the host copy, in increasing id order.
-    const std::uint64_t step =
-        std::max<std::uint64_t>(1, (std::uint64_t{64} << 20) / (row_width * sizeof(T)));
+    const std::uint64_t step = std::max<std::uint64_t>(1, (std::uint64_t{64} << 20) / (row_width * sizeof(T)));
     const std::uint64_t chunk = std::min<std::uint64_t>(step, sorted.size());
     device_buffer<std::uint64_t> d_ids(chunk);
     device_buffer<T> d_rows(chunk * row_width);
@@ -148,7 +146,7 @@ public:
   }
   std::uint64_t size() const { return count_; } //!< hot rows
   std::uint64_t row_width() const { return row_width_; }
-  std::uint64_t table_elements() const { return table_; } //!< elements of the array it was made from
+  std::uint64_t table_elements() const { return table_; }                 //!< elements of the array it was made from
   std::uint64_t bytes() const { return count_ * row_width_ * sizeof(T); } //!< pinned host memory they take
 
 private:

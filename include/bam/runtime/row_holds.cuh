@@ -47,8 +47,8 @@ inline constexpr unsigned holds_max_blocks = 1u << 15;
 //! `capacity` is dropped at once). Ids past the last whole row hold nothing.
 template <class T, class Id>
 __global__ void __launch_bounds__(holds_block_threads)
-    hold_rows_kernel(array_ref<T> a, const Id* ids, std::uint64_t count, std::uint64_t row_width,
-                     std::uint32_t* slots, std::uint64_t capacity, unsigned long long* held) {
+    hold_rows_kernel(array_ref<T> a, const Id* ids, std::uint64_t count, std::uint64_t row_width, std::uint32_t* slots,
+                     std::uint64_t capacity, unsigned long long* held) {
   constexpr unsigned full = 0xffffffffu;
   const unsigned lane = lane_id();
   const std::uint64_t rows = row_width == 0 ? 0 : a.size() / row_width; // whole rows
@@ -136,8 +136,8 @@ public:
   //! On `stream`: drop every hold.
   void release(cudaStream_t stream = nullptr) {
     if (!used_) return;
-    detail::release_holds_kernel<><<<release_grid(), detail::holds_block_threads, 0, stream>>>(a_->ref().cache, slots_.get(),
-                                                                                       capacity_, held_.get());
+    detail::release_holds_kernel<><<<release_grid(), detail::holds_block_threads, 0, stream>>>(
+        a_->ref().cache, slots_.get(), capacity_, held_.get());
     BAM_CUDA_TRY(cudaGetLastError());
     BAM_CUDA_TRY(cudaMemsetAsync(held_.get(), 0, sizeof(unsigned long long), stream));
     used_ = false;
