@@ -52,6 +52,8 @@ using gpu_transport_opener = gpu_transports (*)(const device_spec&);
 namespace detail {
 
 inline constexpr std::size_t device_kinds = 3;
+static_assert(static_cast<std::size_t>(device_kind::pci) + 1 == device_kinds,
+              "a new device kind needs its entry in the transport table");
 
 struct transport_table {
   std::mutex mutex;
