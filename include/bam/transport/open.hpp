@@ -85,43 +85,44 @@ inline std::size_t kind_index(device_kind k) {
 
 } // namespace detail
 
+namespace detail {
+
+//! Set (`open` given) or read the opener of kind `k` in `table` (the host or the GPU column).
+template <class Opener>
+Opener opener_at(std::array<Opener, device_kinds> transport_table::*table, device_kind k,
+                 const Opener* open = nullptr) {
+  auto& t = registered_transports();
+  std::lock_guard lock(t.mutex);
+  Opener& slot = (t.*table)[kind_index(k)];
+  if (open != nullptr) slot = *open;
+  return slot;
+}
+
+} // namespace detail
+
 //! Register how host threads open devices of kind `k` (replaces an earlier opener).
 inline bool register_host_transport(device_kind k, host_transport_opener open) {
-  auto& t = detail::registered_transports();
-  std::lock_guard lock(t.mutex);
-  t.host[detail::kind_index(k)] = open;
+  detail::opener_at(&detail::transport_table::host, k, &open);
   return true;
 }
 
 //! Register how `bam::storage` opens devices of kind `k` for GPU submitters.
 inline bool register_gpu_transport(device_kind k, gpu_transport_opener open) {
-  auto& t = detail::registered_transports();
-  std::lock_guard lock(t.mutex);
-  t.gpu[detail::kind_index(k)] = open;
+  detail::opener_at(&detail::transport_table::gpu, k, &open);
   return true;
 }
 
 //! Transports for GPU submitters of what `spec` names (throws `bam::error`
 //! naming the header to include when its transport is not compiled in).
 inline gpu_transports open_gpu_transports(const device_spec& spec) {
-  gpu_transport_opener open = nullptr;
-  {
-    auto& t = detail::registered_transports();
-    std::lock_guard lock(t.mutex);
-    open = t.gpu[detail::kind_index(spec.kind)];
-  }
+  const gpu_transport_opener open = detail::opener_at(&detail::transport_table::gpu, spec.kind);
   if (open == nullptr) detail::not_compiled_in(spec, true);
   return open(spec);
 }
 
 //! One transport per controller `spec` names, for host-driven I/O.
 inline std::vector<std::shared_ptr<transport>> open_host_transports(const device_spec& spec) {
-  host_transport_opener open = nullptr;
-  {
-    auto& t = detail::registered_transports();
-    std::lock_guard lock(t.mutex);
-    open = t.host[detail::kind_index(spec.kind)];
-  }
+  const host_transport_opener open = detail::opener_at(&detail::transport_table::host, spec.kind);
   if (open == nullptr) detail::not_compiled_in(spec, false);
   return open(spec);
 }
