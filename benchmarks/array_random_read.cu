@@ -100,7 +100,6 @@ std::string gpu_name() {
 } // namespace
 
 int main(int argc, char** argv) {
-  bam::emu::prefer_eager_module_loading(); // the CPU engine (emu:) and lazy loading: client_engine.cuh
   CLI::App app{"Random 4 KiB reads through bam::array<float>, per GPU-engine medium, next to the zero-copy ceiling"};
   std::vector<std::string> devices;
   std::string json_path;

@@ -197,7 +197,7 @@ run_result run_device(const options& o, const std::string& dev) {
   j["device"] = dev;
   j["transport"] = s.transport_name();
 #ifdef BAM_DEVICE_PROGRESS_HOOK
-  j["kernels"] = "with the software controller's GPU-engine hook";
+  j["kernels"] = "with the software controller's device hook";
 #else
   j["kernels"] = "real-controller build (no software controller device code)";
 #endif
@@ -389,7 +389,6 @@ void print_row(const nlohmann::json& j) {
 } // namespace
 
 int main(int argc, char** argv) {
-  bam::emu::prefer_eager_module_loading(); // the CPU engine (emu:) and lazy loading: client_engine.cuh
   CLI::App app{"bam block benchmark: GPU-initiated I/O on any transport, with ceilings from the same run"};
   options o;
   app.add_option("--device", o.devices, "device strings (default: emu-gpu:null=64G with --queues/--depth/--ssds)");

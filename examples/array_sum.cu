@@ -29,7 +29,6 @@ __global__ void sum(bam::array_ref<float> a, double* out) {
 }
 
 int main(int argc, char** argv) {
-  bam::emu::prefer_eager_module_loading(); // for the CPU engine (emu:): see bam/emu/client_engine.cuh
   CLI::App app{"Sum a bam::array<float> on NVMe storage with a GPU kernel"};
   std::string device = "emu-gpu:hbm=1G";
   std::uint64_t n = 100'000'000;

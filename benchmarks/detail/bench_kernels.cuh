@@ -9,9 +9,10 @@
 
 #ifdef BAM_BENCH_WITHOUT_GPU_ENGINE_HOOK
 // The cache kernels as a program over real controllers compiles them: none
-// of the software controller's device code. Its CPU engine (served by host
-// threads) still opens, so the hit path can be compared with the full build
-// on the same transport (block_bench_real_controller).
+// of the software controller's device code (block_bench_real_controller:
+// its kernels' registers and code size against the full build's). The
+// software controller's engines are registered on the host, but their
+// commands need the device hook and are refused in these kernels.
 #define BAM_WITHOUT_SOFTWARE_CONTROLLER
 #include <bam/bam.cuh>
 

@@ -365,12 +365,6 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*aggregate) {
-      // The software controller's CPU engine moves data with CUDA copies,
-      // which lazy module loading holds up while a kernel loads at its first
-      // launch; the run queues its aggregation kernels behind the gather
-      // that waits for those copies. Load every kernel up front (before CUDA
-      // starts; a mode the user set is kept).
-      ::setenv("CUDA_MODULE_LOADING", "EAGER", 0);
       ao.json_stdout = co.json;
       ao.quiet = co.quiet;
       if (ao.host_threads == 0) ao.host_threads = co.threads;

@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: MIT
-// The CPU engine for GPU clients, with no GPU: its copies between the media
-// and "GPU memory" go through a host copier that can be told to fail. The
-// commands come from host threads through the same queues GPU threads use.
+// The CPU engine for GPU clients, with no GPU: a host thread moves its data
+// tasks as the GPU threads waiting on its queues do ("GPU memory" is host
+// memory here). The commands come from host threads through the same queues
+// GPU threads use.
 #include <bam/host.hpp>
 #include <bam/emu.hpp>
+#include <bam/emu/client_dma.hpp>
 #include <bam/emu/client_engine.hpp>
 
 #include <catch2/catch_test_macros.hpp>
@@ -24,35 +26,49 @@ constexpr std::uint32_t lba_size = 512;
 constexpr std::uint64_t blocks = 4096;
 constexpr std::uint32_t max_qid = 4;
 
-//! Copies with memcpy ("GPU memory" is host memory here); fails on demand.
-struct host_copier final : emu::gpu_copier {
-  std::atomic<bool>* fail;
-  bool failed = false;
-  explicit host_copier(std::atomic<bool>* f) : fail(f) {}
-  bool to_gpu(std::uint64_t gpu, const void* src, std::size_t n) override {
-    std::memcpy(reinterpret_cast<void*>(gpu), src, n);
-    return true;
+//! Stands in for the GPU threads that wait on the queues: serves the
+//! engine's data tasks with host copies ("GPU memory" is host memory here).
+//! While `hold` is set it serves nothing; `corrupt_prp` makes the next task's
+//! PRP offset invalid (the status a bad PRP list gets on a GPU).
+struct host_mover {
+  emu::client_dma_ref ref;
+  std::atomic<bool> hold{false};
+  std::atomic<bool> stop{false};
+  std::thread thread;
+  explicit host_mover(emu::client_dma_ref r) : ref(r) {
+    thread = std::thread([this] {
+      while (!stop.load()) {
+        unsigned n = 0;
+        if (!hold.load())
+          for (std::uint16_t q = 1; q <= ref.max_qid; ++q)
+            n += emu::serve_client_dma_host(ref, q);
+        if (n == 0) std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
+    });
   }
-  bool from_gpu(void* dst, std::uint64_t gpu, std::size_t n) override {
-    std::memcpy(dst, reinterpret_cast<const void*>(gpu), n);
-    return true;
+  ~host_mover() {
+    stop = true;
+    thread.join();
   }
-  bool wait() override { return !fail->load(); }
 };
 
 std::uint8_t pattern(std::uint64_t lba, std::uint32_t k) { return static_cast<std::uint8_t>(lba * 131 + k * 7 + 1); }
 
 struct rig {
-  std::atomic<bool> fail{false};
   std::vector<std::uint32_t> doorbells = std::vector<std::uint32_t>(2 * (max_qid + 1), 0);
+  std::vector<emu::client_dma_lane> lanes = std::vector<emu::client_dma_lane>(max_qid + 1);
+  std::vector<emu::client_dma_claim> claim = std::vector<emu::client_dma_claim>(max_qid + 1);
   std::shared_ptr<emu::media> media = emu::make_ram_media(blocks * lba_size);
   std::shared_ptr<emu::client_engine> engine;
+  std::unique_ptr<host_mover> mover;
   std::shared_ptr<emu::emulated_controller> emu_ctrl;
   std::unique_ptr<controller> ctrl;
 
   rig() {
+    std::memset(static_cast<void*>(lanes.data()), 0, lanes.size() * sizeof(emu::client_dma_lane));
     engine = std::make_shared<emu::client_engine>(media, max_qid, 1, std::span<std::uint32_t>(doorbells),
-                                                  [this] { return std::make_unique<host_copier>(&fail); });
+                                                  emu::client_dma_ref{lanes.data(), claim.data(), max_qid});
+    mover = std::make_unique<host_mover>(engine->dma());
     emu::controller_config cfg;
     cfg.namespaces = {emu::namespace_config{blocks, lba_size, media}};
     cfg.identity_dma = true;
@@ -67,7 +83,10 @@ struct rig {
     opts.io_timeout_ns = 2'000'000'000;
     ctrl = std::make_unique<controller>(emu_ctrl, opts);
   }
-  ~rig() { ctrl.reset(); }
+  ~rig() {
+    ctrl.reset();
+    mover.reset();
+  }
 
   nvme::status rw(nvme::nvm_opcode op, std::uint64_t lba, std::uint32_t n, const dma_region& buf) {
     return ctrl->io_queue(0).execute(nvme::make_rw(op, 1, lba, n, buf.bus_address(0), 0));
@@ -99,24 +118,60 @@ TEST_CASE("CPU engine for GPU clients: writes reach the media, reads come back",
   CHECK(r.emu_ctrl->counters().host_reads == 1);
 }
 
-TEST_CASE("CPU engine for GPU clients: a failed copy completes with Data Transfer Error and changes nothing",
+TEST_CASE("CPU engine for GPU clients: a bad PRP found while moving the data fails the command and changes nothing",
           "[emu][client]") {
   rig r;
   auto buf = r.ctrl->transport().alloc(8 * lba_size);
-  for (std::uint32_t k = 0; k < 8 * lba_size; ++k)
-    buf->as<std::uint8_t>()[k] = 0xab;
-  const auto before = r.media_bytes(200, 8);
-  const nvme::status dte{nvme::status_type::generic, nvme::generic_status::data_transfer_error};
-  r.fail = true;
-  // The data of a write could not be fetched from GPU memory: the media keeps its old bytes.
-  CHECK(r.rw(nvme::nvm_opcode::write, 200, 8, *buf) == dte);
-  CHECK(r.media_bytes(200, 8) == before);
-  // The data of a read could not be delivered: the completion says so.
-  CHECK(r.rw(nvme::nvm_opcode::read, 200, 8, *buf) == dte);
-  r.fail = false;
   std::memset(buf->data(), 0xab, 8 * lba_size);
+  const auto before = r.media_bytes(200, 8);
+  const nvme::status bad_offset{nvme::status_type::generic, nvme::generic_status::invalid_prp_offset};
+  // 8 blocks of 512 bytes from a misaligned PRP1 span two pages; PRP2 is not
+  // page aligned: the mover refuses it and the media keeps its old bytes.
+  auto cmd = nvme::make_rw(nvme::nvm_opcode::write, 1, 200, 8, buf->bus_address(0) + 512, buf->bus_address(0) + 8);
+  CHECK(r.ctrl->io_queue(0).execute(cmd) == bad_offset);
+  CHECK(r.media_bytes(200, 8) == before);
+  // A read with the same PRPs completes with the same status.
+  cmd.opcode = static_cast<std::uint8_t>(nvme::nvm_opcode::read);
+  CHECK(r.ctrl->io_queue(0).execute(cmd) == bad_offset);
+  // The queue works on.
   CHECK(r.rw(nvme::nvm_opcode::write, 200, 8, *buf) == nvme::status_success);
   CHECK(r.media_bytes(200, 8)[5] == 0xab);
+}
+
+TEST_CASE("CPU engine for GPU clients: nothing completes before its data moved, however late the GPU threads come",
+          "[emu][client]") {
+  rig r;
+  auto buf = r.ctrl->transport().alloc(8 * lba_size);
+  std::memset(buf->data(), 0x5c, 8 * lba_size);
+  r.mover->hold = true; // no thread waits on the queue for now
+  std::atomic<int> done{0};
+  nvme::status st;
+  std::thread writer([&] {
+    st = r.rw(nvme::nvm_opcode::write, 300, 8, *buf);
+    done = 1;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK(done.load() == 0);                 // not completed
+  CHECK(r.media_bytes(300, 8)[0] != 0x5c); // and the media not written: the data never left "GPU memory"
+  r.mover->hold = false;
+  writer.join();
+  CHECK(st == nvme::status_success);
+  CHECK(r.media_bytes(300, 8)[0] == 0x5c);
+}
+
+TEST_CASE("CPU engine for GPU clients: Dataset Management reads its range list through the GPU threads",
+          "[emu][client]") {
+  rig r;
+  auto buf = r.ctrl->transport().alloc(8 * lba_size);
+  std::memset(buf->data(), 0x77, 8 * lba_size);
+  REQUIRE(r.rw(nvme::nvm_opcode::write, 40, 8, *buf) == nvme::status_success);
+  auto ranges = r.ctrl->transport().alloc(dma_page_size);
+  auto* rr = ranges->as<nvme::dsm_range>();
+  rr[0] = nvme::dsm_range{};
+  rr[0].slba = 40;
+  rr[0].nblocks = 8;
+  REQUIRE(r.ctrl->io_queue(0).execute(nvme::make_dsm_deallocate(1, 1, ranges->bus_address(0))) == nvme::status_success);
+  CHECK(r.media_bytes(40, 8) == std::vector<std::uint8_t>(8 * lba_size, 0));
 }
 
 TEST_CASE("CPU engine for GPU clients: fault rules apply to its commands", "[emu][client]") {

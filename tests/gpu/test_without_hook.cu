@@ -1,13 +1,12 @@
 // SPDX-License-Identifier: MIT
 // Kernels compiled without the software controller's device-side progress
 // hook, as in a program over real controllers: the runtime's headers come
-// first and the software controller's GPU engine is only registered on the
-// host (gpu_engine.cuh brings no device code into the wait loops).
-//   - Over the CPU engine (served by host threads) such kernels read and
-//     write as usual.
-//   - Over the GPU engine, whose queues only a kernel with the hook can
-//     serve, every command is refused at once with a status that says what
-//     to include: no ticket taken, no queue broken, no wait to a timeout.
+// first and the software controller's engines are only registered on the
+// host (gpu_engine.cuh and client_engine.cuh bring no device code into the
+// wait loops). Over either engine, whose commands need the waiting GPU
+// threads (the GPU engine's to serve its queues, the CPU engine's to move
+// the data), every command is refused at once with a status that says what
+// to include: no ticket taken, no queue broken, no wait to a timeout.
 #include <bam/runtime/array.cuh>
 #include <bam/runtime/page_cache.cuh>
 #include <bam/runtime/storage.cuh>
@@ -18,6 +17,7 @@
 #include <bam/emu/gpu_engine.cuh>
 
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <cstdint>
@@ -43,38 +43,15 @@ __global__ void raw_read_kernel(bam::queue_set_ref q, const std::uint64_t* bus, 
   status[threadIdx.x] = st.raw;
 }
 
-std::vector<std::uint32_t> counting(std::size_t n) {
-  std::vector<std::uint32_t> v(n);
-  for (std::size_t i = 0; i < n; ++i)
-    v[i] = static_cast<std::uint32_t>(i * 7 + 1);
-  return v;
-}
-
 } // namespace
 
-TEST_CASE("Without the hook: kernels read a controller served by host threads", "[gpu][hook]") {
+TEST_CASE("Without the hook: commands on either engine are refused at once, saying why", "[gpu][hook][sanitize]") {
   CHECK_FALSE(bam::device_progress_compiled(bam::device_progress{bam::emu::gpu_engine_progress_id, 0, nullptr}));
-  bam::storage s("emu:ram=8M,queues=8,depth=64,threads=2");
-  const std::size_t n = (8u << 20) / 4;
-  const auto v = counting(n);
-  bam::emu::write_media(s, 0, 0, v.data(), v.size() * 4);
-  bam::page_cache cache({.page_size = 4096, .capacity = 2 << 20});
-  bam::array<std::uint32_t> a(cache, s, n);
-  bam::device_buffer<unsigned long long> sum(1);
-  BAM_CUDA_TRY(cudaMemset(sum.get(), 0, sizeof(unsigned long long)));
-  sum_kernel<<<64, 256>>>(a.ref(), sum.get());
-  BAM_CUDA_TRY(cudaDeviceSynchronize());
-  REQUIRE_NOTHROW(a.check());
-  unsigned long long got = 0, want = 0;
-  for (auto x : v)
-    want += x;
-  bam::copy_to_host(&got, sum.get(), 1);
-  CHECK(got == want);
-}
-
-TEST_CASE("Without the hook: commands on the GPU engine are refused at once, saying why", "[gpu][hook][sanitize]") {
-  bam::storage s("emu-gpu:ram=8M,queues=4,depth=64,timeout=30s");
-  REQUIRE(bam::emu::gpu_engine_of(s, 0) != nullptr);
+  CHECK_FALSE(bam::device_progress_compiled(bam::device_progress{bam::emu::client_engine_progress_id, 0, nullptr}));
+  const std::string device = GENERATE(std::string("emu-gpu:ram=8M,queues=4,depth=64,timeout=30s"),
+                                      std::string("emu:ram=8M,queues=4,depth=64,threads=1"));
+  INFO(device);
+  bam::storage s(device);
   bam::page_cache cache({.page_size = 4096, .capacity = 1 << 20});
   bam::array<std::uint32_t> a(cache, s, (8u << 20) / 4);
   bam::device_buffer<unsigned long long> sum(1);

@@ -75,5 +75,32 @@ BAM_DEVICE inline void st_cg(unsigned char* p, unsigned char v) {
   asm volatile("st.global.cg.u8 [%0], %1;" ::"l"(p), "h"(static_cast<unsigned short>(v)) : "memory");
 }
 
+//! Loads that fetch again every time (`ld.cv`): bytes another agent (the
+//! host) rewrites at the same address, e.g. staging memory reused for
+//! command after command, are never served from a cached copy.
+BAM_DEVICE inline uint4 ld_cv(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.cv.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+BAM_DEVICE inline unsigned long long ld_cv(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.global.cv.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+BAM_DEVICE inline unsigned ld_cv(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.global.cv.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+BAM_DEVICE inline unsigned char ld_cv(const unsigned char* p) {
+  unsigned short v;
+  asm volatile("ld.global.cv.u8 %0, [%1];" : "=h"(v) : "l"(p) : "memory");
+  return static_cast<unsigned char>(v);
+}
+
 } // namespace bam::detail
 #endif

@@ -265,6 +265,9 @@ public:
   nvme::memory_scope device_doorbell_scope() const override { return io_engine_->device_doorbell_scope(); }
   device_progress device_progress_hook() const override { return io_engine_->device_progress_hook(); }
   bool exact_sq_head() const override { return io_engine_->exact_sq_head(); }
+  const std::uint64_t* controller_run_ns(std::uint16_t qid) const override {
+    return qid == 0 ? admin_engine_->run_ns(0) : io_engine_->run_ns(qid);
+  }
 
   std::unique_ptr<dma_region> map(void* ptr, std::size_t size, memory_kind kind) override {
     check_map_args(ptr, size, kind);

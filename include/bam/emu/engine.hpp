@@ -36,6 +36,7 @@
 #include <cuda/atomic>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -146,6 +147,8 @@ public:
   virtual device_progress device_progress_hook() const { return {}; }
   //! Whether completions carry the SQ fetch position (see `transport::exact_sq_head`).
   virtual bool exact_sq_head() const { return true; }
+  //! See `transport::controller_run_ns` (engines run by host threads).
+  virtual const std::uint64_t* run_ns(std::uint16_t /*qid*/) const { return nullptr; }
   //! NVM commands this engine executed outside the controller's own counters.
   virtual nvm_counters counters() const { return {}; }
   //! Extra places the controller's fault table must be copied to (the GPU
@@ -157,6 +160,33 @@ public:
 };
 
 namespace detail {
+
+//! How long an engine thread that has found nothing to do for `idle_ns`
+//! sleeps before it looks again: a fiftieth of the time it has been idle,
+//! from 20 us up to 2 ms. A busy storage is answered within microseconds; an
+//! idle one costs about 1 % of a core; the first command after a long pause
+//! waits at most 2 ms to be fetched.
+inline std::chrono::microseconds idle_nap(std::uint64_t idle_ns) {
+  const std::uint64_t us = idle_ns / 50'000;
+  return std::chrono::microseconds(us < 20 ? 20 : us > 2000 ? 2000 : us);
+}
+
+//! A host thread's uninterrupted run time: how long it has run without a
+//! gap of more than `max_gap_ns` between two of its rounds (a thread kept
+//! off the CPU by a busy host starts over). Published in a word the queues'
+//! waiters read before they give up on a command: a controller whose threads
+//! did not run is slow, not broken.
+struct run_clock {
+  static constexpr std::uint64_t max_gap_ns = 10'000'000;
+  std::uint64_t since = 0;
+  std::uint64_t last = 0;
+  void tick(std::uint64_t& word) {
+    const std::uint64_t now = bam::detail::now_ns();
+    if (last == 0 || now - last > max_gap_ns) since = now;
+    last = now;
+    std::atomic_ref<std::uint64_t>(word).store(now - since, std::memory_order_release);
+  }
+};
 
 //! Acquire load of a doorbell the host writes with release stores.
 inline std::uint32_t load_doorbell(const std::uint32_t* db) {

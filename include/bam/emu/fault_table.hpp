@@ -122,11 +122,13 @@ BAM_HD inline bool carries_lba(std::uint8_t opcode) {
 //! lives wherever the engine that reads it runs (host or GPU memory).
 struct fault_table {
   std::uint32_t rules;             //!< slots in use or used since the last clear (0: fast path)
-  std::uint32_t paused;            //!< 1: the controller stops fetching and completing
+  std::uint32_t paused;            //!< 1: the controller stops fetching and completing; 2: and its threads stop
+                                   //!< running (as if the host kept them off the CPU)
   std::uint64_t global_latency_ns; //!< added to every completion
   detail::fault_slot slot[max_fault_rules];
 
   BAM_HD bool is_paused() const { return detail::load_word(paused) != 0; }
+  BAM_HD bool is_stalled() const { return detail::load_word(paused) == 2; }
   BAM_HD std::uint64_t added_latency_ns() const { return detail::load_word(global_latency_ns); }
 
   //! Check `cmd`, fetched from submission queue `qid`, against the rules.
@@ -357,6 +359,14 @@ public:
   void set_paused(bool stop) {
     std::lock_guard lock(mutex_);
     const std::uint32_t v = stop ? 1 : 0;
+    write(offsetof(fault_table, paused), &v, sizeof v);
+  }
+  //! The threads serving the controller stop running, as a busy host would
+  //! keep them off the CPU (true), or run again. Unlike a pause, waits do not
+  //! run out meanwhile (`nvme::queue_pair_ref::controller_run_ns`).
+  void set_stalled(bool stall) {
+    std::lock_guard lock(mutex_);
+    const std::uint32_t v = stall ? 2 : 0;
     write(offsetof(fault_table, paused), &v, sizeof v);
   }
   bool paused() const {

@@ -319,7 +319,7 @@ namespace detail {
 
 //! `emu-gpu:` for GPU submitters: software controllers served by the GPU
 //! threads that wait on them (their kernels need the GPU engine's progress
-//! hook: gpu_engine_progress.cuh).
+//! hook: progress.cuh).
 inline gpu_transports open_gpu_engine_controllers(const device_spec& spec) {
   gpu_transports g;
   for (std::uint32_t i = 0; i < spec.ssds; ++i) {

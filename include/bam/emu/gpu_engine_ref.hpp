@@ -16,7 +16,7 @@
 namespace bam::emu {
 
 //! The `device_progress::hook` id of the GPU engine: kernels serve its queues
-//! through `serve_gpu_engine` (gpu_engine_progress.cuh).
+//! through `serve_software_controller` (progress.cuh).
 inline constexpr std::uint32_t gpu_engine_progress_id = 0x47505545; // "GPUE"
 
 //! Engine-side state of one I/O queue pair (GPU memory, zeroed when created).

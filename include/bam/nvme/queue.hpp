@@ -217,6 +217,19 @@ struct queue_pair_ref {
   //! then a completion's SQ head does not say whether its command was fetched.
   bool sq_head_exact = true;
   std::uint64_t timeout_ns = default_queue_timeout_ns;
+  //! For a controller served by host threads (the software controller's
+  //! engines): how long the thread serving this queue has run without being
+  //! kept off the CPU, in ns (null for a device). A wait gives up only once
+  //! that covers a whole `timeout_ns`: a busy host makes commands slow, not
+  //! failed.
+  const std::uint64_t* controller_run_ns = nullptr;
+
+  //! Whether the controller has been running for at least `ns` (always, for a device).
+  BAM_HD bool controller_ran_for(std::uint64_t ns) const {
+    if (controller_run_ns == nullptr) return true;
+    return detail::system_atomic<std::uint64_t>(*const_cast<std::uint64_t*>(controller_run_ns))
+               .load(cuda::memory_order_relaxed) >= ns;
+  }
 
   //! Point the handle's state at `state`, a zero-filled block of
   //! `queue_state_bytes(sq_depth)` bytes aligned to `queue_state_alignment`.
@@ -478,6 +491,12 @@ struct progress_deadline {
     if (!fetched && p != seen) {
       seen = p;
       deadline = bam::detail::deadline_after(now, q.timeout_ns);
+      return false;
+    }
+    if (!q.controller_ran_for(q.timeout_ns)) {
+      // The threads serving the controller were kept off the CPU during the
+      // wait: look again once they could have run for a whole timeout.
+      deadline = bam::detail::deadline_after(now, q.timeout_ns / 16 + 1);
       return false;
     }
     return true;

@@ -10,7 +10,9 @@
 //!     `bool (const bam::device_progress&, std::uint16_t qid, unsigned mask)`
 //!     called by the converged lanes of `mask`, true if it did some of the
 //!     controller's work;
-//!   - `BAM_DEVICE_PROGRESS_HOOK_ID`: the `device_progress::hook` value it serves.
+//!   - `BAM_DEVICE_PROGRESS_HOOK_SERVES`: a constexpr host/device function
+//!     `bool (std::uint32_t hook)`, true for the `device_progress::hook`
+//!     values it serves (one hook may serve several transports).
 //! Kernels compiled without a transport's hook contain none of its code (a
 //! program over real controllers compiles no software controller). A command
 //! on a transport whose hook the kernel lacks is refused before submission
@@ -29,8 +31,8 @@ namespace bam {
 
 //! Whether kernels of this translation unit can serve the transport behind `p`.
 BAM_HD constexpr bool device_progress_compiled(const device_progress& p) {
-#ifdef BAM_DEVICE_PROGRESS_HOOK_ID
-  return p.hook == device_progress::none || p.hook == (BAM_DEVICE_PROGRESS_HOOK_ID);
+#ifdef BAM_DEVICE_PROGRESS_HOOK_SERVES
+  return p.hook == device_progress::none || BAM_DEVICE_PROGRESS_HOOK_SERVES(p.hook);
 #else
   return p.hook == device_progress::none;
 #endif
@@ -41,7 +43,8 @@ BAM_HD constexpr bool device_progress_compiled(const device_progress& p) {
 //! some of the controller's work.
 BAM_DEVICE inline bool make_progress(const device_progress& p, std::uint16_t qid, unsigned mask) {
 #ifdef BAM_DEVICE_PROGRESS_HOOK
-  if (p.hook == (BAM_DEVICE_PROGRESS_HOOK_ID)) return BAM_DEVICE_PROGRESS_HOOK(p, qid, mask);
+  if (p.hook != device_progress::none && BAM_DEVICE_PROGRESS_HOOK_SERVES(p.hook))
+    return BAM_DEVICE_PROGRESS_HOOK(p, qid, mask);
 #else
   (void)p;
   (void)qid;

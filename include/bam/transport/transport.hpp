@@ -115,6 +115,11 @@ public:
   //! Whether the controller reports its fetch position as each completion's
   //! SQ head (see `nvme::queue_pair_ref::sq_head_exact`).
   virtual bool exact_sq_head() const { return true; }
+  //! For a controller served by host threads: a word that says for how many
+  //! nanoseconds the thread serving queue `qid` has run without being kept
+  //! off the CPU (see `nvme::queue_pair_ref::controller_run_ns`), readable
+  //! where the queue's waiters run; nullptr for a device.
+  virtual const std::uint64_t* controller_run_ns(std::uint16_t /*qid*/) const { return nullptr; }
 
   //! Make `[ptr, ptr + size)` reachable by the controller. `ptr` and `size`
   //! must be multiples of `dma_page_size` (GPU memory: of

@@ -67,11 +67,9 @@ def open(device_string: str) -> Storage:  # noqa: A001 - bam.open mirrors bam::s
     ``emu-gpu:ram=1G``, ``/dev/bam-nvme0``). ``emu-gpu:`` devices need a CUDA GPU.
     A bad string raises :class:`bam.Error` with bam's one-line text.
 
-    GPU reads over an ``emu:`` device are served by host threads with CUDA
-    copies, which CUDA's lazy kernel loading (PyTorch's default) can hold up
-    until a read times out when a kernel is launched for the first time while
-    bam's kernel waits: start such programs with ``CUDA_MODULE_LOADING=EAGER``
-    in the environment (bam warns when it finds lazy loading on)."""
+    GPU reads over an ``emu:`` device are served by host threads that make no
+    CUDA call: the GPU threads that wait move the data, so any CUDA module
+    loading mode and any stream work."""
     return Storage(device_string)
 
 

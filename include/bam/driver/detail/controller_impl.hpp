@@ -180,6 +180,7 @@ inline controller::queue_resources controller::make_queue(std::uint16_t qid, std
   // scope; in host memory the consumer needs system scope.
   r.cq_scope = q.rings->kind() == memory_kind::device ? nvme::memory_scope::device : nvme::memory_scope::system;
   r.sq_head_exact = transport_->exact_sq_head();
+  r.controller_run_ns = transport_->controller_run_ns(qid);
   const auto sq_db = nvme::sq_doorbell_offset(qid, dstrd_);
   const auto cq_db = nvme::cq_doorbell_offset(qid, dstrd_);
   if (on_device) {

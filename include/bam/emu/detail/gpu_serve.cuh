@@ -4,7 +4,7 @@
 //! them. There is no persistent server kernel (gpu-machine.md lists the two
 //! hazards one has): a warp that waits for a completion calls
 //! `bam::make_progress` (transport/device_progress.cuh), which lands in
-//! `serve_warp` here through the hook of gpu_engine_progress.cuh, compiled
+//! `serve_warp` here through the hook of progress.cuh, compiled
 //! into the kernels of a translation unit that includes that header before
 //! the runtime's. The whole warp serves:
 //!   1. one lane claims up to 32 fetched SQ entries (an atomic virtual SQ
@@ -32,6 +32,7 @@
 #include <bam/detail/macros.hpp>
 #include <bam/detail/memory_ops.cuh>
 #include <bam/emu/gpu_engine_ref.hpp>
+#include <bam/emu/detail/warp_copy.cuh>
 #include <bam/emu/nvm_executor.hpp>
 #include <bam/nvme/prp.hpp>
 #include <bam/nvme/spec.hpp>
@@ -44,12 +45,6 @@ namespace bam::emu::detail {
 
 template <class T>
 using dev_atomic = cuda::atomic_ref<T, cuda::thread_scope_device>;
-
-BAM_DEVICE inline unsigned lane_index() {
-  unsigned l;
-  asm volatile("mov.u32 %0, %%laneid;" : "=r"(l));
-  return l;
-}
 
 //! A data movement the executor asked for, made by the whole warp afterwards.
 struct gpu_copy_job {
@@ -104,59 +99,6 @@ struct gpu_backend {
   }
   static constexpr std::uint64_t dma_page_size_bytes = 4096;
 };
-
-//! The whole warp (`mask`, converged) copies `len` bytes. Loads and stores
-//! bypass L1 (not coherent across SMs): the bytes were written, or will be
-//! read, elsewhere.
-BAM_DEVICE inline void warp_copy(void* dst, const void* src, std::uint64_t len, unsigned mask) {
-  const unsigned lanes = __popc(mask);
-  const unsigned me = __popc(mask & ((1u << lane_index()) - 1));
-  const auto d = reinterpret_cast<std::uintptr_t>(dst);
-  const auto s = reinterpret_cast<std::uintptr_t>(src);
-  if (((d | s | len) & 15u) == 0) {
-    auto* dv = static_cast<uint4*>(dst);
-    const auto* sv = static_cast<const uint4*>(src);
-    const std::uint64_t n = len / 16;
-    constexpr unsigned in_flight = 8; // PCIe reads from pinned host memory are latency-bound
-    std::uint64_t i = me;
-    for (; i + (in_flight - 1) * lanes < n; i += in_flight * lanes) {
-      uint4 r[in_flight];
-#pragma unroll
-      for (unsigned k = 0; k < in_flight; ++k)
-        r[k] = bam::detail::ld_cg(sv + i + k * lanes);
-#pragma unroll
-      for (unsigned k = 0; k < in_flight; ++k)
-        bam::detail::st_cg(dv + i + k * lanes, r[k]);
-    }
-    for (; i < n; i += lanes)
-      bam::detail::st_cg(dv + i, bam::detail::ld_cg(sv + i));
-  } else {
-    // PRP offsets are dword aligned: 4-byte words always work.
-    auto* dv = static_cast<unsigned*>(dst);
-    const auto* sv = static_cast<const unsigned*>(src);
-    for (std::uint64_t i = me; i < len / 4; i += lanes)
-      bam::detail::st_cg(dv + i, bam::detail::ld_cg(sv + i));
-    auto* db = static_cast<unsigned char*>(dst);
-    const auto* sb = static_cast<const unsigned char*>(src);
-    for (std::uint64_t i = (len & ~3ull) + me; i < len; i += lanes)
-      db[i] = sb[i];
-  }
-}
-
-BAM_DEVICE inline void warp_zero(void* dst, std::uint64_t len, unsigned mask) {
-  const unsigned lanes = __popc(mask);
-  const unsigned me = __popc(mask & ((1u << lane_index()) - 1));
-  auto* b = static_cast<unsigned char*>(dst);
-  if ((reinterpret_cast<std::uintptr_t>(dst) & 15u) == 0) {
-    for (std::uint64_t i = me; i < len / 16; i += lanes)
-      bam::detail::st_cg(reinterpret_cast<uint4*>(b) + i, uint4{0, 0, 0, 0});
-    for (std::uint64_t i = (len & ~15ull) + me; i < len; i += lanes)
-      b[i] = 0;
-  } else {
-    for (std::uint64_t i = me; i < len; i += lanes)
-      b[i] = 0;
-  }
-}
 
 //! Make one job with the whole warp: walk its PRPs page by page (every lane
 //! computes the same addresses), copying each segment together.

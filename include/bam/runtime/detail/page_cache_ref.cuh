@@ -750,7 +750,10 @@ BAM_DEVICE BAM_NOINLINE inline void page_cache_ref::resolve(detail::page_request
       const std::uint64_t limit = !m.on_io                                ? timeout_ns
                                   : timeout_ns > ~0ull / io_wait_backstop ? ~0ull
                                                                           : timeout_ns * io_wait_backstop;
-      if (r.wait.expired(m.value, limit)) abandon(r);
+      // A lane's own command is given up only if the threads serving its
+      // controller (if any) ran for the whole wait.
+      const bool own_io = r.phase == page_phase::loading || r.phase == page_phase::writing_back;
+      if (r.wait.expired(m.value, limit) && (!own_io || io_controller_ran_for(r.io, timeout_ns))) abandon(r);
     }
     if (__any_sync(mask, moved) || io_moved) {
       idle = 0;

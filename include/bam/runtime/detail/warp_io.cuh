@@ -180,6 +180,14 @@ BAM_DEVICE inline std::uint32_t io_progress_marker(const io_slot& s) {
   return 0;
 }
 
+//! Whether the controller behind the lane's queue ran for a whole `timeout_ns`
+//! (its serving threads were not kept off the CPU): only then may a wait
+//! that ran out give up on the lane's command.
+BAM_DEVICE inline bool io_controller_ran_for(const io_slot& s, std::uint64_t timeout_ns) {
+  if (s.qs == nullptr || s.state == io_state::none || s.state == io_state::done) return true;
+  return s.q().controller_ran_for(timeout_ns);
+}
+
 //! Give up on this lane's command after a deadline: the queue can never
 //! publish an unused ticket or reuse a command id that may still complete,
 //! so it is marked broken. Only a command that was submitted reports a
@@ -257,7 +265,8 @@ BAM_DEVICE inline void warp_io_run(io_slot& s, unsigned mask, std::uint64_t time
   warp_deadline dl;
   while (__any_sync(mask, s.state != io_state::done && s.state != io_state::none)) {
     const bool moved = warp_io_step(s, mask);
-    if (dl.expired(moved, io_progress_marker(s), timeout_ns, mask)) io_abandon(s);
+    if (dl.expired(moved, io_progress_marker(s), timeout_ns, mask) && io_controller_ran_for(s, timeout_ns))
+      io_abandon(s);
   }
 }
 
