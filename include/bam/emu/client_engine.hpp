@@ -470,6 +470,7 @@ private:
   }
 
   void run(worker& w, std::uint64_t& run_word) {
+    detail::precise_sleeps();
     detail::run_clock run_time;
     unsigned quiet = 0;
     std::uint64_t idle_since = 0;
@@ -499,6 +500,10 @@ private:
       const std::uint64_t now = bam::detail::now_ns();
       if (idle_since == 0) idle_since = now;
       const auto nap = waiting ? std::chrono::microseconds(20) : detail::idle_nap(now - idle_since);
+      if (nap.count() == 0) {
+        std::this_thread::yield();
+        continue;
+      }
       std::unique_lock lock(w.mutex);
       w.wake.wait_for(lock, nap);
     }

@@ -6,7 +6,7 @@
 //! Completions delayed by fault injection are held back, slot reserved in the
 //! CQ, and posted when due, so a slow command never blocks the others.
 //! Idle threads spin briefly, then sleep, longer the longer nothing comes
-//! (`detail::idle_nap`): an idle storage costs about 1 % of a core.
+//! (`detail::idle_nap`): an idle storage costs about 2 % of a core.
 //!
 //! @code
 //!   auto engine = std::make_shared<bam::emu::cpu_engine>(4, "fast");
@@ -36,8 +36,6 @@ namespace bam::emu {
 namespace detail {
 //! Commands fetched from one SQ per pass before the thread moves on (fairness).
 inline constexpr std::uint32_t fetch_budget_per_pass = 32;
-//! Idle passes spent yielding before a thread starts sleeping.
-inline constexpr unsigned idle_spin_passes = 64;
 } // namespace detail
 
 class cpu_engine final : public io_engine {
@@ -133,8 +131,8 @@ private:
   }
 
   void run(worker& w, std::uint64_t& run_word) {
+    detail::precise_sleeps();
     detail::run_clock run_time;
-    unsigned idle = 0;
     std::uint64_t idle_since = 0;
     while (!stop_.load(std::memory_order_acquire)) {
       if (faults_ != nullptr && faults_->is_stalled()) { // a test's stand-in for a busy host
@@ -149,17 +147,16 @@ private:
         if (faults_ == nullptr || !faults_->is_paused()) progressed = pass(w, next_due);
       }
       if (progressed) {
-        idle = 0;
         idle_since = 0;
-        continue;
-      }
-      if (++idle < detail::idle_spin_passes) {
-        std::this_thread::yield();
         continue;
       }
       const std::uint64_t now = bam::detail::now_ns();
       if (idle_since == 0) idle_since = now;
       auto nap = detail::idle_nap(now - idle_since);
+      if (nap.count() == 0 && next_due == UINT64_MAX) {
+        std::this_thread::yield();
+        continue;
+      }
       if (next_due != UINT64_MAX) {
         if (next_due > now)
           nap = std::min(

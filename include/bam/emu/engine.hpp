@@ -36,6 +36,9 @@
 #include <cuda/atomic>
 
 #include <atomic>
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -161,14 +164,28 @@ public:
 
 namespace detail {
 
+//! An engine thread that found nothing to do keeps looking (yielding the
+//! CPU between looks) for this long: a submitter that waits for each
+//! completion before its next command (queue depth 1) finds it awake.
+inline constexpr std::uint64_t idle_spin_ns = 200'000;
+
 //! How long an engine thread that has found nothing to do for `idle_ns`
-//! sleeps before it looks again: a fiftieth of the time it has been idle,
-//! from 20 us up to 2 ms. A busy storage is answered within microseconds; an
-//! idle one costs about 1 % of a core; the first command after a long pause
-//! waits at most 2 ms to be fetched.
+//! sleeps before it looks again: none while `idle_spin_ns` lasts, then a
+//! fiftieth of the time it has been idle, from 20 us up to 2 ms. A busy
+//! storage is answered within microseconds; an idle one costs about 2 % of a
+//! core; the first command after a long pause waits at most 2 ms.
 inline std::chrono::microseconds idle_nap(std::uint64_t idle_ns) {
+  if (idle_ns < idle_spin_ns) return std::chrono::microseconds(0);
   const std::uint64_t us = idle_ns / 50'000;
   return std::chrono::microseconds(us < 20 ? 20 : us > 2000 ? 2000 : us);
+}
+
+//! Engine threads sleep for short times: ask the kernel to wake them on
+//! time (the default timer slack adds 50 us to every sleep).
+inline void precise_sleeps() {
+#if defined(__linux__)
+  ::prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+#endif
 }
 
 //! A host thread's uninterrupted run time: how long it has run without a
