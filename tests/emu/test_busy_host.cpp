@@ -42,6 +42,9 @@ TEST_CASE("Busy host: threads kept off the CPU for many timeouts make a command 
   rig r;
   std::memset(r.buf->data(), 0x42, 4096);
   REQUIRE(r.rw(nvme::nvm_opcode::write, 64) == nvme::status_success);
+  // The engine has been running for several timeouts when it is stalled: a
+  // wait must see that it does not run now, not that it ran before.
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
   r.emu->faults().set_stalled(true);
   std::atomic<bool> done{false};
   nvme::status st;

@@ -186,7 +186,8 @@ TEST_CASE("CPU engine for GPU clients: threads kept off the CPU make GPU reads l
   bam::page_cache cache({.page_size = 4096, .capacity = 1 << 20, .timeout_ns = 200'000'000});
   bam::array<std::uint32_t> a(cache, s, (8ull << 20) / 4);
   bam::device_buffer<unsigned long long> bad(1);
-  faults.set_stalled(true); // as a busy host would: the engine's threads do not run
+  std::this_thread::sleep_for(std::chrono::milliseconds(600)); // the engine has run for several timeouts
+  faults.set_stalled(true);                                    // as a busy host would: the engine's threads do not run
   read_check_kernel<<<8, 64>>>(a.ref(), bam_test::layout{0, 4096, 512, 1}, 2, bad.get());
   REQUIRE(cudaGetLastError() == cudaSuccess);
   std::this_thread::sleep_for(std::chrono::milliseconds(1000)); // 5 timeouts

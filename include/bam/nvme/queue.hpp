@@ -224,11 +224,22 @@ struct queue_pair_ref {
   //! failed.
   const std::uint64_t* controller_run_ns = nullptr;
 
-  //! Whether the controller has been running for at least `ns` (always, for a device).
+  //! Whether the controller is running and has been for at least `ns`
+  //! (always, for a device). The word moves with every round of the thread
+  //! serving the queue (at least every 2 ms, also when it has nothing to
+  //! do): a word that stays still for 3 ms belongs to a thread kept off the
+  //! CPU now, whatever it says. Called only when a wait has run out.
   BAM_HD bool controller_ran_for(std::uint64_t ns) const {
     if (controller_run_ns == nullptr) return true;
-    return detail::system_atomic<std::uint64_t>(*const_cast<std::uint64_t*>(controller_run_ns))
-               .load(cuda::memory_order_relaxed) >= ns;
+    detail::system_atomic<std::uint64_t> word(*const_cast<std::uint64_t*>(controller_run_ns));
+    const std::uint64_t first = word.load(cuda::memory_order_relaxed);
+    const std::uint64_t start = bam::detail::now_ns();
+    std::uint64_t now = first;
+    while (now == first && bam::detail::now_ns() - start < 3'000'000) {
+      bam::detail::relax(1000);
+      now = word.load(cuda::memory_order_relaxed);
+    }
+    return now != first && now >= ns;
   }
 
   //! Point the handle's state at `state`, a zero-filled block of
