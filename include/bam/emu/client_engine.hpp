@@ -149,6 +149,7 @@ public:
     }
   }
   void reset() override {
+    faults_.store(nullptr, std::memory_order_release);
     for (auto& w : workers_) {
       std::lock_guard lock(w->mutex);
       w->held.clear();
@@ -469,14 +470,21 @@ private:
     return w.held.empty() && w.inflight.empty();
   }
 
+  //! Whether the controller's fault table says its threads stop running.
+  //! Read under the worker's lock: `reset` forgets the table (the controller
+  //! is going away) and waits for every worker's lock.
+  bool stalled(worker& w) {
+    std::lock_guard lock(w.mutex);
+    const fault_table* faults = faults_.load(std::memory_order_acquire);
+    return faults != nullptr && faults->is_stalled();
+  }
   void run(worker& w, std::uint64_t& run_word) {
     detail::precise_sleeps();
     detail::run_clock run_time;
     unsigned quiet = 0;
     std::uint64_t idle_since = 0;
     while (!stop_.load(std::memory_order_acquire)) {
-      const fault_table* faults = faults_.load(std::memory_order_acquire);
-      if (faults != nullptr && faults->is_stalled()) { // a test's stand-in for a busy host
+      if (stalled(w)) { // a test's stand-in for a busy host
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
         continue;
       }
