@@ -11,11 +11,14 @@
 
 #include <bam/error.hpp>
 
+#include <cuda/stream_ref>
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -46,14 +49,46 @@ namespace bam::detail {
 
 namespace bam {
 
-//! cudaMalloc'ed memory, zeroed on the device.
+namespace detail {
+
+//! Devices with a side stream of their own (CUDA numbers them from 0).
+inline constexpr int max_side_stream_devices = 64;
+
+//! A non-blocking stream of the current device for bam's own set-up work
+//! (zeroing new memory, copying tables): waiting for it never waits for a
+//! kernel of the caller's, on whatever stream (the default one included).
+//! Created on first use and kept for the life of the process.
+inline cudaStream_t side_stream() {
+  static std::array<cudaStream_t, max_side_stream_devices> streams{};
+  static std::array<std::once_flag, max_side_stream_devices> once;
+  int dev = 0;
+  BAM_CUDA_TRY(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= max_side_stream_devices)
+    throw error("CUDA device " + std::to_string(dev) + " is beyond the " + std::to_string(max_side_stream_devices) +
+                " devices bam supports");
+  std::call_once(once[static_cast<std::size_t>(dev)], [&] {
+    BAM_CUDA_TRY(cudaStreamCreateWithFlags(&streams[static_cast<std::size_t>(dev)], cudaStreamNonBlocking));
+  });
+  return streams[static_cast<std::size_t>(dev)];
+}
+
+} // namespace detail
+
+//! cudaMalloc'ed memory, zeroed on the device (on bam's side stream: no
+//! kernel of the caller's is waited for).
 struct device_allocation {
   static void* allocate(std::size_t bytes) {
     void* p = nullptr;
     BAM_CUDA_TRY(cudaMalloc(&p, bytes));
-    BAM_CUDA_TRY(cudaMemset(p, 0, bytes));
-    // Zeroed before any stream (blocking or not) can use it.
-    BAM_CUDA_TRY(cudaStreamSynchronize(nullptr));
+    try {
+      const cudaStream_t side = detail::side_stream();
+      BAM_CUDA_TRY(cudaMemsetAsync(p, 0, bytes, side));
+      // Zeroed before any stream can use it.
+      BAM_CUDA_TRY(cudaStreamSynchronize(side));
+    } catch (...) {
+      BAM_CUDA_LOG(cudaFree(p));
+      throw;
+    }
     return p;
   }
   static void release(void* p) { BAM_CUDA_LOG(cudaFree(p)); }
@@ -111,14 +146,22 @@ using device_buffer = cuda_buffer<T, device_allocation>;
 template <class T>
 using pinned_buffer = cuda_buffer<T, pinned_allocation>;
 
-//! Copy `n` objects to the device (synchronous).
+//! Copy `n` objects to the device and wait for the copy, on bam's side
+//! stream (no kernel of the caller's is waited for).
 template <class T>
 void copy_to_device(T* dst, const T* src, std::size_t n) {
-  if (n != 0) BAM_CUDA_TRY(cudaMemcpy(dst, src, n * sizeof(T), cudaMemcpyHostToDevice));
+  if (n == 0) return;
+  const cudaStream_t side = detail::side_stream();
+  BAM_CUDA_TRY(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyHostToDevice, side));
+  BAM_CUDA_TRY(cudaStreamSynchronize(side));
 }
+//! Copy `n` objects to the host and wait for the copy, on bam's side stream.
 template <class T>
 void copy_to_host(T* dst, const T* src, std::size_t n) {
-  if (n != 0) BAM_CUDA_TRY(cudaMemcpy(dst, src, n * sizeof(T), cudaMemcpyDeviceToHost));
+  if (n == 0) return;
+  const cudaStream_t side = detail::side_stream();
+  BAM_CUDA_TRY(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToHost, side));
+  BAM_CUDA_TRY(cudaStreamSynchronize(side));
 }
 //! Copy `n` objects to the device, ordered on `stream`.
 template <class T>

@@ -27,7 +27,8 @@ public:
     BAM_CUDA_TRY(cudaMalloc(&raw_, size_ + align));
     const auto a = (reinterpret_cast<std::uintptr_t>(raw_) + align - 1) / align * align;
     data_ = reinterpret_cast<std::uint8_t*>(a);
-    if (cudaMemset(data_, 0, size_) != cudaSuccess || cudaStreamSynchronize(nullptr) != cudaSuccess) {
+    const cudaStream_t side = side_stream();
+    if (cudaMemsetAsync(data_, 0, size_, side) != cudaSuccess || cudaStreamSynchronize(side) != cudaSuccess) {
       cudaFree(raw_);
       throw error("clearing " + std::to_string(size_) + " bytes of GPU memory failed");
     }
@@ -78,11 +79,13 @@ private:
 inline void* alloc_queue_state(std::size_t bytes) {
   void* p = nullptr;
   if (cudaMalloc(&p, bytes) != cudaSuccess) return nullptr; // 256-byte aligned
-  if (cudaMemset(p, 0, bytes) != cudaSuccess || cudaStreamSynchronize(nullptr) != cudaSuccess) {
-    cudaFree(p);
-    return nullptr;
+  try {
+    const cudaStream_t side = side_stream();
+    if (cudaMemsetAsync(p, 0, bytes, side) == cudaSuccess && cudaStreamSynchronize(side) == cudaSuccess) return p;
+  } catch (const error&) {
   }
-  return p;
+  cudaFree(p);
+  return nullptr;
 }
 
 //! Pinned host memory mapped into the GPU and for a controller (queue rings

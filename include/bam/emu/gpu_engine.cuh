@@ -68,7 +68,9 @@ public:
       BAM_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&media_dev_), media_, 0));
     } else if (cfg.media == media_kind::hbm) {
       BAM_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&media_), cfg.bytes));
-      BAM_CUDA_TRY(cudaMemset(media_, 0, cfg.bytes));
+      const cudaStream_t side = bam::detail::side_stream();
+      BAM_CUDA_TRY(cudaMemsetAsync(media_, 0, cfg.bytes, side));
+      BAM_CUDA_TRY(cudaStreamSynchronize(side));
       media_dev_ = media_;
     }
     BAM_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));

@@ -58,11 +58,14 @@ class array {
 public:
   static_assert(std::is_trivially_copyable_v<array_ref<T>>, "array_ref must be trivially copyable");
 
-  //! `start_lba`: where the array begins on every controller of `s` (pages
-  //! striped over them). Throws `bam::error` if it does not fit, or overlaps
-  //! an array it cannot share pages with.
-  array(page_cache& cache, const storage& s, std::uint64_t n, std::uint64_t start_lba = 0,
-        cudaStream_t stream = nullptr)
+  //! @param cache the page cache that serves the array (it keeps the cache alive)
+  //! @param s the storage holding the elements (pages striped over its controllers)
+  //! @param n elements
+  //! @param start_lba where the array begins on every controller of `s`
+  //! @param stream the cache's tables are updated on it (waited for; no other stream is)
+  //! @throw bam::error if the array does not fit, or overlaps an array it
+  //! cannot share pages with.
+  array(page_cache& cache, const storage& s, std::uint64_t n, std::uint64_t start_lba = 0, cuda::stream_ref stream = {})
       : cache_(cache.state()), storage_(s), n_(n) {
     if (cache.page_size() % sizeof(T) != 0 || (sizeof(T) & (sizeof(T) - 1)) != 0)
       throw error("bam::array: element size " + std::to_string(sizeof(T)) +
@@ -71,7 +74,7 @@ public:
     const std::uint64_t per_page = cache.page_size() / sizeof(T);
     npages_ = (n + per_page - 1) / per_page;
     err_ = device_buffer<device_error_record>(1);
-    binding_ = cache_->attach(s, start_lba, npages_, stream);
+    binding_ = cache_->attach(s, start_lba, npages_, stream.get());
     attached_ = true;
     unsigned shift = 0;
     while ((1ull << shift) < per_page)
@@ -95,7 +98,7 @@ public:
   //! not yet on disk: see extent_map) or whose size is not a whole number
   //! of elements.
   static array open(page_cache& cache, const std::string& path, const std::string& options = "",
-                    cudaStream_t stream = nullptr) {
+                    cuda::stream_ref stream = {}) {
     const file_access a = plan_file_access(path);
     if (a.kind == file_access::path::via_file) warn(path + ": " + a.reason);
     const std::uint64_t bytes = a.map ? a.map->file_size() : std::filesystem::file_size(path);
@@ -122,11 +125,11 @@ public:
     if (!attached_) return;
     try {
       try {
-        check(nullptr);
+        check(cuda::stream_ref{});
       } catch (const std::exception& e) {
         warn(std::string(e.what()) + " (reported by ~array)");
       }
-      detach(nullptr);
+      detach(cuda::stream_ref{});
     } catch (const std::exception& e) {
       warn(std::string("~array: ") + e.what());
     }
@@ -151,30 +154,34 @@ public:
   std::uint64_t pages() const { return npages_; }
   const bam::storage& storage() const { return *storage_; }
 
-  //! Throw `bam::error` if a kernel recorded a failure since the last check
-  //! (bad index, NVMe error status, timeout, a failed write-back of one of
-  //! the array's pages). Waits for `stream` (the one the kernels ran on).
-  void check(cudaStream_t stream = nullptr) {
-    BAM_CUDA_TRY(cudaStreamSynchronize(stream));
+  //! Report a failure a kernel recorded since the last check. Waits for
+  //! `stream` (the one the kernels ran on) and no other.
+  //! @throw bam::error for the first failure recorded (bad index, NVMe error
+  //! status, timeout, a failed write-back or `flush_async` of the array's pages).
+  void check(cuda::stream_ref stream = {}) {
+    BAM_CUDA_TRY(cudaStreamSynchronize(stream.get()));
     auto name = [&](std::uint32_t c) { return storage_->controller_name(c); };
-    throw_if_recorded(err_.get(), "bam::array access failed", name, stream);
-    if (attached_) cache_->check_space(binding_.space, stream);
+    throw_if_recorded(err_.get(), "bam::array access failed", name, stream.get());
+    if (attached_) cache_->check_space(binding_.space, stream.get());
   }
-  //! Write back the cache's dirty pages and NVMe Flush (for every array on the cache).
-  void flush(cudaStream_t stream = nullptr) { page_cache_flush(stream); }
+  //! Write back the cache's dirty pages and NVMe Flush (for every array on
+  //! the cache), on `stream`, waiting for it (see `page_cache::flush`).
+  //! @throw bam::error for a failed write-back or NVMe Flush.
+  void flush(cuda::stream_ref stream = {}) { cache_->flush(stream.get()); }
+  //! The same, enqueued on `stream` without waiting; `check` reports a
+  //! failure (see `page_cache::flush_async`).
+  void flush_async(cuda::stream_ref stream = {}) { cache_->flush_async(stream.get()); }
 
-  //! Detach now (the destructor does it otherwise). Throws if the write-back
-  //! of its pages fails; the array is detached either way and the pages
-  //! stay in the cache until a flush writes them.
-  void detach(cudaStream_t stream = nullptr) {
+  //! Detach now (the destructor does it otherwise), on `stream`, waiting for it.
+  //! @throw bam::error if the write-back of its pages fails; the array is
+  //! detached either way and the pages stay in the cache until a flush writes them.
+  void detach(cuda::stream_ref stream = {}) {
     if (!attached_) return;
     attached_ = false;
-    cache_->detach(binding_, stream);
+    cache_->detach(binding_, stream.get());
   }
 
 private:
-  void page_cache_flush(cudaStream_t stream) { cache_->flush(stream); }
-
   std::shared_ptr<detail::cache_state> cache_;
   std::optional<bam::storage> storage_;
   std::uint64_t n_ = 0;

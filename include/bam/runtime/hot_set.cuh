@@ -74,7 +74,8 @@ public:
   //! page cache now (ids in any order). Throws `bam::error` (EINVAL) for an
   //! id past the last whole row, an id given twice, more than 2^32 - 1 rows,
   //! or a bad width; a failed read throws as `a.check` does.
-  hot_rows(array<T>& a, std::uint64_t row_width, const std::vector<std::uint64_t>& ids, cudaStream_t stream = nullptr)
+  hot_rows(array<T>& a, std::uint64_t row_width, const std::vector<std::uint64_t>& ids,
+           cuda::stream_ref stream_ref = {})
       : row_width_(row_width), rows_(row_width == 0 ? 0 : a.size() / row_width), table_(a.size()) {
     if (row_width == 0 || row_width > a.size())
       throw error("bam::hot_rows: row width " + std::to_string(row_width) + " (1 to the array's " +
@@ -92,6 +93,7 @@ public:
       if (k > 0 && sorted[k] == sorted[k - 1])
         throw error("bam::hot_rows: row " + std::to_string(sorted[k]) + " is given twice", einval());
     }
+    const cudaStream_t stream = stream_ref.get();
     if (sorted.empty()) return; // nothing hot: ref() holds nothing, every row goes through the cache
     const std::uint64_t words = (rows_ + 63) / 64;
     std::vector<std::uint64_t> bits(words, 0);
@@ -105,8 +107,8 @@ public:
     }
     bits_ = device_buffer<std::uint64_t>(words);
     before_ = device_buffer<std::uint32_t>(words);
-    copy_to_device(bits_.get(), bits.data(), words);
-    copy_to_device(before_.get(), before.data(), words);
+    copy_to_device(bits_.get(), bits.data(), words, stream); // waited for below
+    copy_to_device(before_.get(), before.data(), words, stream);
     data_ = pinned_buffer<T>(sorted.size() * row_width);
     // Through the cache, a bounded number of rows at a time (a GPU buffer of
     // about 64 MiB), straight into the host copy, in increasing id order.

@@ -270,24 +270,16 @@ public:
   }
 
   //! Write back every dirty page, then NVMe Flush every controller of every
-  //! storage in use. Throws the first failure.
+  //! storage in use. Throws the first failure (also one recorded by an
+  //! earlier `flush_async`).
   void flush(cudaStream_t stream) {
     std::lock_guard lock(mutex_);
     writeback_locked(~0u, false, stream);
-    std::vector<storage> storages;
-    for (const auto& sp : host_spaces_) {
-      if (!sp.used) continue;
-      if (std::none_of(storages.begin(), storages.end(),
-                       [&](const storage& x) { return x.state() == sp.storage->state(); }))
-        storages.push_back(*sp.storage);
-    }
+    const std::vector<storage> storages = storages_in_use();
     std::vector<device_buffer<device_error_record>> errs;
     for (const auto& s : storages) {
       errs.emplace_back(1);
-      const std::uint32_t n = s.controller_count();
-      const unsigned blocks = (n + flush_threads_per_block - 1) / flush_threads_per_block;
-      flush_controllers_kernel<><<<blocks, flush_threads_per_block, 0, stream>>>(s.device_refs(), n, errs.back().get());
-      BAM_CUDA_TRY(cudaGetLastError());
+      launch_nvme_flush(s, errs.back().get(), stream);
     }
     BAM_CUDA_TRY(cudaStreamSynchronize(stream));
     std::optional<error> first;
@@ -313,6 +305,21 @@ public:
       }
     }
     if (first) throw *first;
+  }
+
+  //! The write-back and NVMe Flush of `flush`, enqueued on `stream` without
+  //! waiting for them. A failure is recorded: the next `flush`, `detach` or
+  //! `check_space` (`array::check`) of an array on that storage throws it.
+  void flush_async(cudaStream_t stream) {
+    std::lock_guard lock(mutex_);
+    launch_writeback(~0u, false, stream);
+    for (const auto& s : storages_in_use()) {
+      for (auto& sp : host_spaces_) {
+        if (!sp.used || sp.storage->state() != s.state()) continue;
+        launch_nvme_flush(s, sp.flush_err.get(), stream); // recorded with the storage's first space
+        break;
+      }
+    }
   }
 
   page_cache_counters counters(cudaStream_t stream) const {
@@ -350,6 +357,7 @@ private:
     std::optional<bam::storage> storage;
     std::shared_ptr<storage_mapping> mapping;
     device_buffer<device_error_record> err;
+    device_buffer<device_error_record> flush_err; //!< an NVMe Flush of `flush_async`
   };
   struct extent {
     std::uint64_t id;
@@ -373,6 +381,7 @@ private:
     sp.storage = s;
     remember(s);
     sp.err = device_buffer<device_error_record>(1);
+    sp.flush_err = device_buffer<device_error_record>(1);
     sp.used = true;
     sp.shared = shared;
     sp.zombie = false;
@@ -450,17 +459,37 @@ private:
   }
 
   void writeback_locked(std::uint32_t only, bool invalidate, cudaStream_t stream) {
+    launch_writeback(only, invalidate, stream);
+    BAM_CUDA_TRY(cudaStreamSynchronize(stream));
+  }
+  void launch_writeback(std::uint32_t only, bool invalidate, cudaStream_t stream) {
     constexpr unsigned threads = 256;
     const unsigned blocks = static_cast<unsigned>(std::min<std::uint64_t>((nslots_ + threads - 1) / threads, 4096));
     cache_writeback_kernel<><<<blocks, threads, 0, stream>>>(ref(), only, invalidate);
     BAM_CUDA_TRY(cudaGetLastError());
-    BAM_CUDA_TRY(cudaStreamSynchronize(stream));
+  }
+  static void launch_nvme_flush(const storage& s, device_error_record* err, cudaStream_t stream) {
+    const std::uint32_t n = s.controller_count();
+    const unsigned blocks = (n + flush_threads_per_block - 1) / flush_threads_per_block;
+    flush_controllers_kernel<><<<blocks, flush_threads_per_block, 0, stream>>>(s.device_refs(), n, err);
+    BAM_CUDA_TRY(cudaGetLastError());
+  }
+  //! Each storage with a space in use, once.
+  std::vector<storage> storages_in_use() const {
+    std::vector<storage> out;
+    for (const auto& sp : host_spaces_) {
+      if (!sp.used) continue;
+      if (std::none_of(out.begin(), out.end(), [&](const storage& x) { return x.state() == sp.storage->state(); }))
+        out.push_back(*sp.storage);
+    }
+    return out;
   }
 
   void throw_space_error(std::uint32_t id, const std::string& what, cudaStream_t stream) {
     const space_host& sp = host_spaces_[id];
-    throw_if_recorded(
-        sp.err.get(), what, [&](std::uint32_t c) { return sp.storage->controller_name(c); }, stream);
+    auto name = [&](std::uint32_t c) { return sp.storage->controller_name(c); };
+    throw_if_recorded(sp.err.get(), what, name, stream);
+    throw_if_recorded(sp.flush_err.get(), "NVMe Flush (page_cache::flush_async) failed", name, stream);
   }
 
   page_cache_config cfg_;
@@ -497,13 +526,20 @@ public:
            slot_count() / config().ways * sizeof(detail::cache_set) + detail::max_spaces * sizeof(space_ref) +
            2 * detail::counter_stripes * sizeof(unsigned long long);
   }
-  //! Misses (page loads) and write-backs so far.
-  page_cache_counters counters(cudaStream_t stream = nullptr) const { return s_->counters(stream); }
+  //! Misses (page loads) and write-backs so far (waits for `stream`).
+  page_cache_counters counters(cuda::stream_ref stream = {}) const { return s_->counters(stream.get()); }
 
   //! Write back every dirty page, then NVMe Flush every controller involved.
   //! Runs on `stream` and waits for it (call it when the kernels that write
-  //! through the cache are done). Throws `bam::error` on a failure.
-  void flush(cudaStream_t stream = nullptr) { s_->flush(stream); }
+  //! through the cache are done).
+  //! @throw bam::error for a failed write-back or NVMe Flush, also one that
+  //! an earlier `flush_async` recorded.
+  void flush(cuda::stream_ref stream = {}) { s_->flush(stream.get()); }
+  //! The same work enqueued on `stream`, without waiting for it: data
+  //! written by kernels before it on `stream` reaches the storage. A failure
+  //! is recorded, and thrown by the next `flush`, or by `check`/`detach` of
+  //! an array on that storage.
+  void flush_async(cuda::stream_ref stream = {}) { s_->flush_async(stream.get()); }
 
   //! The shared state (arrays keep it alive).
   std::shared_ptr<detail::cache_state> state() const { return s_; }

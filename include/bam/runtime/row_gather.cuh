@@ -58,6 +58,7 @@
 #pragma once
 
 #include <bam/cuda.cuh>
+#include <bam/defaults.hpp>
 #include <bam/runtime/array.cuh>
 
 #include <cstdint>
@@ -380,16 +381,11 @@ __global__ void __launch_bounds__(gather_block_threads)
 //! Rows per warp at a time: 32 (the most misses in flight) when there are
 //! rows enough to keep `gather_target_warps` warps busy, fewer for small
 //! gathers (down to one row per warp), which gain more from more warps.
-//! The environment variable BAM_GATHER_ROWS_PER_WARP (1 to 32) sets it instead
-//! (1: one row per warp, nothing brought in ahead). Scatters alike.
+//! `bam::defaults::gather_rows_per_warp` (BAM_GATHER_ROWS_PER_WARP) sets it
+//! instead (1: one row per warp, nothing brought in ahead). Scatters alike.
 inline constexpr std::uint64_t gather_target_warps = 4096;
 inline unsigned gather_group(std::uint64_t count) {
-  static const unsigned forced = [] {
-    const char* e = std::getenv("BAM_GATHER_ROWS_PER_WARP");
-    const long v = e != nullptr ? std::strtol(e, nullptr, 10) : 0;
-    return v >= 1 && v <= 32 ? static_cast<unsigned>(v) : 0u;
-  }();
-  if (forced != 0) return forced;
+  if (const unsigned forced = defaults::gather_rows_per_warp(); forced != 0) return forced;
   const std::uint64_t g = (count + gather_target_warps - 1) / gather_target_warps;
   return static_cast<unsigned>(g < 1 ? 1 : g > 32 ? 32 : g);
 }
@@ -446,8 +442,8 @@ void launch_scatter_rows(array<T>& a, const Id* d_ids, std::uint64_t count, std:
 //! width of zero or wider than the array.
 template <class T, class Id>
 void gather_rows(array<T>& a, const Id* d_ids, std::uint64_t count, std::uint64_t row_width, T* d_out,
-                 cudaStream_t stream = nullptr) {
-  detail::launch_gather_rows(a, d_ids, count, row_width, d_out, hot_rows_ref<T>{}, stream);
+                 cuda::stream_ref stream = {}) {
+  detail::launch_gather_rows(a, d_ids, count, row_width, d_out, hot_rows_ref<T>{}, stream.get());
 }
 
 //! The same, with the rows of the hot set `hot` (<bam/runtime/hot_set.cuh>)
@@ -455,14 +451,14 @@ void gather_rows(array<T>& a, const Id* d_ids, std::uint64_t count, std::uint64_
 //! another row width or another table.
 template <class T, class Id>
 void gather_rows(array<T>& a, const Id* d_ids, std::uint64_t count, std::uint64_t row_width, T* d_out,
-                 const hot_rows<T>& hot, cudaStream_t stream = nullptr) {
+                 const hot_rows<T>& hot, cuda::stream_ref stream = {}) {
   if (hot.size() != 0 && hot.row_width() != row_width)
     throw error("bam::gather_rows: the hot set holds rows of " + std::to_string(hot.row_width()) + " elements, not " +
                 std::to_string(row_width));
   if (hot.size() != 0 && hot.table_elements() != a.size())
     throw error("bam::gather_rows: the hot set was made from a table of " + std::to_string(hot.table_elements()) +
                 " elements, this array holds " + std::to_string(a.size()));
-  detail::launch_gather_rows(a, d_ids, count, row_width, d_out, hot.ref(), stream);
+  detail::launch_gather_rows(a, d_ids, count, row_width, d_out, hot.ref(), stream.get());
 }
 
 //! `d_in[k * row_width ..)` into row `d_ids[k]` of `a` (rows of `row_width`
@@ -476,8 +472,8 @@ void gather_rows(array<T>& a, const Id* d_ids, std::uint64_t count, std::uint64_
 //! than the array.
 template <class T, class Id>
 void scatter_rows(array<T>& a, const Id* d_ids, std::uint64_t count, std::uint64_t row_width, const T* d_in,
-                  cudaStream_t stream = nullptr) {
-  detail::launch_scatter_rows(a, d_ids, count, row_width, d_in, stream);
+                  cuda::stream_ref stream = {}) {
+  detail::launch_scatter_rows(a, d_ids, count, row_width, d_in, stream.get());
 }
 
 } // namespace bam

@@ -117,11 +117,12 @@ public:
   //! hold nothing (the gather reports them). Throws `bam::error` for a row
   //! width of zero or wider than the array.
   template <class Id>
-  void hold(const Id* d_ids, std::uint64_t count, std::uint64_t row_width, cudaStream_t stream = nullptr) {
+  void hold(const Id* d_ids, std::uint64_t count, std::uint64_t row_width, cuda::stream_ref stream_ref = {}) {
     static_assert(std::is_integral_v<Id>, "row ids are integers");
     if (row_width == 0 || row_width > a_->size())
       throw error("bam::row_holds: row width " + std::to_string(row_width) + " (1 to the array's " +
                   std::to_string(a_->size()) + " elements)");
+    const cudaStream_t stream = stream_ref.get();
     used_ = true;
     stream_ = stream;
     if (count == 0 || capacity_ == 0) return;
@@ -134,8 +135,9 @@ public:
   }
 
   //! On `stream`: drop every hold.
-  void release(cudaStream_t stream = nullptr) {
+  void release(cuda::stream_ref stream_ref = {}) {
     if (!used_) return;
+    const cudaStream_t stream = stream_ref.get();
     detail::release_holds_kernel<><<<release_grid(), detail::holds_block_threads, 0, stream>>>(
         a_->ref().cache, slots_.get(), capacity_, held_.get());
     BAM_CUDA_TRY(cudaGetLastError());
@@ -144,15 +146,15 @@ public:
   }
 
   //! Pages held now (waits for `stream`).
-  std::uint64_t held(cudaStream_t stream = nullptr) const {
+  std::uint64_t held(cuda::stream_ref stream = {}) const {
     unsigned long long n = 0;
-    copy_to_host(&n, held_.get(), 1, stream);
+    copy_to_host(&n, held_.get(), 1, stream.get());
     return std::min<std::uint64_t>(n, capacity_);
   }
   //! The same count into `*dst` (host memory, pinned for an asynchronous
   //! copy), on `stream`, without waiting.
-  void held_to(unsigned long long* dst, cudaStream_t stream = nullptr) const {
-    BAM_CUDA_TRY(cudaMemcpyAsync(dst, held_.get(), sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream));
+  void held_to(unsigned long long* dst, cuda::stream_ref stream = {}) const {
+    BAM_CUDA_TRY(cudaMemcpyAsync(dst, held_.get(), sizeof(unsigned long long), cudaMemcpyDeviceToHost, stream.get()));
   }
   //! The most pages it can hold: half the cache's slots.
   std::uint64_t capacity() const { return capacity_; }
