@@ -159,7 +159,8 @@ def _host_bytes(call: str, name: str, source: Any) -> np.ndarray:
             t = t.cpu()
         import torch
 
-        return t.contiguous().reshape(-1).view(torch.uint8).numpy()
+        flat: np.ndarray = t.contiguous().reshape(-1).view(torch.uint8).numpy()
+        return flat
     if _is_cuda(source):
         torch = _torch_for(call)
         return _host_bytes(call, name, torch.as_tensor(source, device="cuda"))
@@ -620,7 +621,7 @@ def load(
             DeprecationWarning,
             stacklevel=2,
         )
-        storage, source = source, storage
+        storage, source = source, storage  # type: ignore[assignment]
     with _opened(storage, "bam.load") as s:
         return s.load(source, offset, progress=progress, resume=resume)
 
@@ -895,7 +896,7 @@ class Array:
         if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
             shape_t: Tuple[Any, ...] = (shape,)
         elif isinstance(shape, (tuple, list)) or type(shape).__name__ == "Size":
-            shape_t = tuple(shape)
+            shape_t = tuple(shape)  # type: ignore[arg-type]
         else:
             raise TypeError(f"bam.Array: shape must be an int or a tuple of ints, got {_type_name(shape)}")
         if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
