@@ -162,8 +162,7 @@ def _host_bytes(call: str, name: str, source: Any) -> np.ndarray:
         flat: np.ndarray = t.contiguous().reshape(-1).view(torch.uint8).numpy()
         return flat
     if _is_cuda(source):
-        torch = _torch_for(call)
-        return _host_bytes(call, name, torch.as_tensor(source, device="cuda"))
+        return _host_bytes(call, name, _cuda_tensor(call, source))
     if isinstance(source, (str, bytes, bytearray, memoryview)) or not isinstance(source, (int, float)):
         try:
             view = memoryview(source)  # type: ignore[arg-type]
@@ -207,6 +206,16 @@ def _writable_bytes(call: str, out: Any) -> np.ndarray:
     if view.nbytes == 0:
         return np.zeros(0, np.uint8)
     return np.frombuffer(view, dtype=np.uint8)
+
+
+def _cuda_tensor(call: str, x: Any) -> Any:
+    """A CUDA array (``__cuda_array_interface__`` or DLPack) as a torch tensor sharing its memory."""
+    torch = _torch_for(call)
+    if type(x).__module__.startswith("torch"):
+        return x
+    if hasattr(x, "__cuda_array_interface__"):
+        return torch.as_tensor(x, device="cuda")
+    return torch.from_dlpack(x)
 
 
 def _torch_for(call: str) -> Any:
@@ -373,7 +382,7 @@ class Storage:
 
     def _read_cuda(self, call: str, offset: int, nbytes: Optional[int], out: Any) -> Any:
         torch = _torch_for(call)
-        t = out if type(out).__module__.startswith("torch") else torch.as_tensor(out, device="cuda")
+        t = _cuda_tensor(call, out)
         if not t.is_contiguous():
             raise ValueError(f"{call}: out must be contiguous")
         flat = t.view(-1).view(torch.uint8)
