@@ -342,3 +342,18 @@ def test_public_names_and_properties_have_docstrings():
             if attr.startswith("_"):
                 continue
             assert (value.__doc__ or "").strip(), f"{cls.__name__}.{attr}"
+
+
+def test_write_takes_any_buffer(image):
+    s = bam.open(image)
+    a = np.arange(64, dtype=np.int32).reshape(8, 8)
+    for data, want in [
+        (memoryview(a), a.tobytes()),  # 2-D, format 'i'
+        (memoryview(a)[::2], a[::2].tobytes()),  # not contiguous: its elements in order
+        (array.array("h", range(100)), array.array("h", range(100)).tobytes()),
+        (bytes(range(256)), bytes(range(256))),
+        (np.asfortranarray(a), np.asfortranarray(a).tobytes(order="C")),
+    ]:
+        assert bam.write(s, data, 512) == len(want)
+        assert bam.read(s, 512, len(want)).tobytes() == want
+    assert bam.write(s, b"") == 0

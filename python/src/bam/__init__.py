@@ -163,15 +163,14 @@ def _host_bytes(call: str, name: str, source: Any) -> np.ndarray:
         return flat
     if _is_cuda(source):
         return _host_bytes(call, name, _cuda_tensor(call, source))
-    if isinstance(source, (str, bytes, bytearray, memoryview)) or not isinstance(source, (int, float)):
-        try:
-            view = memoryview(source)  # type: ignore[arg-type]
-        except TypeError:
-            pass
-        else:
-            if not view.contiguous:
-                view = memoryview(view.tobytes())
-            return np.frombuffer(view, dtype=np.uint8) if view.nbytes else np.zeros(0, np.uint8)
+    try:
+        view = memoryview(source)
+    except TypeError:
+        pass
+    else:
+        if not view.c_contiguous:
+            view = memoryview(view.tobytes())  # in C order
+        return np.frombuffer(view.cast("B"), dtype=np.uint8) if view.nbytes else np.zeros(0, np.uint8)
     raise TypeError(
         f"{call}: {name} must be a numpy array, a torch tensor or a buffer (bytes, bytearray, memoryview), "
         f"got {_type_name(source)}"
@@ -205,7 +204,7 @@ def _writable_bytes(call: str, out: Any) -> np.ndarray:
         raise ValueError(f"{call}: out must be C-contiguous")
     if view.nbytes == 0:
         return np.zeros(0, np.uint8)
-    return np.frombuffer(view, dtype=np.uint8)
+    return np.frombuffer(view.cast("B"), dtype=np.uint8)
 
 
 def _cuda_tensor(call: str, x: Any) -> Any:
