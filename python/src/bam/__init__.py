@@ -235,8 +235,8 @@ class Storage:
     (``emu-gpu:``). Made by :func:`bam.open`.
 
     A context manager: ``with bam.open(...) as s:`` closes it at the end.
-    :meth:`close` waits for a transfer in flight, then lets the controllers
-    go; any use after it raises :class:`bam.Error` ("... is closed"). Every
+    :meth:`close` waits for the transfers in flight and the storage's pending
+    futures, then lets the controllers go; any use after it raises :class:`bam.Error` ("... is closed"). Every
     transfer is also a module function taking the storage first
     (``s.read(0, 8)`` is ``bam.read(s, 0, 8)``)."""
 
@@ -326,7 +326,7 @@ class Storage:
         with self._pending_lock:
             self._pending.discard(f)
 
-    def __enter__(self) -> "Storage":
+    def __enter__(self) -> Storage:
         self._h()
         return self
 
