@@ -239,7 +239,7 @@ def bam_source(ds: Dataset, args: argparse.Namespace) -> Source:
         how = f"the table the dataset tool wrote at byte {offset}"
     else:
         offset = 0
-        r = bam.load(ds.memmap(), storage, offset=0, progress=not args.quiet)
+        r = bam.load(storage, ds.memmap(), offset=0, progress=not args.quiet)
         how = f"loaded before training ({r.bytes} bytes)"
     cache = bam.PageCache(page_size=args.page_size, capacity=args.cache_mib << 20)
     array = bam.Array(cache, storage, (ds.nodes, ds.dim), "float32", offset)

@@ -1,54 +1,102 @@
 # SPDX-License-Identifier: MIT
 """bam from Python: NVMe storage read by GPU kernels through a page cache.
 
-Host side (no GPU needed):
+Every call takes the storage first, then what moves, then ``offset`` and
+``nbytes``; each is also a method of :class:`Storage`. Host side (no GPU
+needed)::
 
     import bam
-    s = bam.open("emu:file=/tmp/disk.img,size=64M")
-    bam.load(features, s)                        # numpy array, torch tensor or a path
-    back = bam.read(s, 0, features.nbytes)       # numpy uint8, through the controller
+    with bam.open("emu:file=/tmp/disk.img,size=64M") as s:
+        bam.load(s, features)                        # numpy array, torch tensor or a path
+        back = bam.read(s, 0, features.nbytes)       # numpy uint8, through the controller
+        bam.read(s, 0, out=buf)                      # into a caller's buffer
+        f = bam.read_async(s, 0, 4096)               # a concurrent.futures.Future
 
-GPU side (torch tensors cross by DLPack, on the current CUDA stream):
+GPU side (torch tensors cross by DLPack, on the current CUDA stream)::
 
     cache = bam.PageCache(page_size=4096, capacity=256 << 20)
     x = bam.Array(cache, s, shape=(nodes, dim), dtype="float32")
-    rows = x[idx]                                # idx: CUDA int64 tensor
+    rows = x[idx]                                # idx: ids (CUDA tensor, numpy, list, slice)
     x[idx] = rows * 2                            # written through the cache
     x.flush()
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import errno
+import operator
 import os
+import threading
+import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
+from types import TracebackType
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type, TypeVar, Union, overload
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _core
-from ._core import Error, RowIndexError, Storage
+from ._core import Error, RowIndexError
 
 __version__ = "0.1.0"
 
+# `open` is left out: `from bam import *` must not hide the built-in open.
+# It stays bam.open.
 __all__ = [
     "Array",
     "Error",
     "PageCache",
     "RowIndexError",
     "Storage",
+    "StorageLike",
     "TransferResult",
     "dump",
     "gpu_available",
+    "io_threads",
     "load",
-    "open",
     "parse_device",
     "read",
+    "read_async",
+    "write",
+    "write_async",
 ]
-
-StorageLike = Union[Storage, str]
 
 #: Element sizes an Array moves (its dtype's bytes, whatever type they hold).
 _ELEMENT_SIZES = (1, 2, 4, 8)
+
+#: Threads that run the ``*_async`` calls (``BAM_PYTHON_IO_THREADS``).
+_DEFAULT_IO_THREADS = 4
+
+_Buffer = TypeVar("_Buffer")
+
+
+def io_threads() -> int:
+    """Threads of the pool that runs :func:`read_async` and :func:`write_async`:
+    ``BAM_PYTHON_IO_THREADS`` when set (read once, at the first asynchronous
+    call), else 4."""
+    text = os.environ.get("BAM_PYTHON_IO_THREADS", "")
+    if not text:
+        return _DEFAULT_IO_THREADS
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"BAM_PYTHON_IO_THREADS={text!r}: expected a positive number of threads")
+    return n
+
+
+_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+_pool_lock = threading.Lock()
+
+
+def _executor() -> concurrent.futures.ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(max_workers=io_threads(), thread_name_prefix="bam-io")
+        return _pool
 
 
 @dataclass(frozen=True)
@@ -62,19 +110,416 @@ class TransferResult:
     resumed_chunks: int = 0
 
 
+# ---- argument checks: TypeError and ValueError naming the public call --------
+
+
+def _type_name(x: Any) -> str:
+    t = type(x)
+    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__name__}"
+
+
+def _count(call: str, name: str, value: Any) -> int:
+    """``value`` as a non-negative int (a Python or numpy integer), or raise."""
+    if isinstance(value, bool):
+        raise TypeError(f"{call}: {name} must be an int, got bool")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{call}: {name} must be an int, got {_type_name(value)}") from None
+    if n < 0:
+        raise ValueError(f"{call}: {name} {n} is negative")
+    return n
+
+
+def _is_cuda(x: Any) -> bool:
+    """True for a CUDA array: ``__cuda_array_interface__``, or a DLPack device that is CUDA."""
+    if hasattr(x, "__cuda_array_interface__"):
+        return True
+    dev = getattr(x, "__dlpack_device__", None)
+    if dev is None:
+        return False
+    try:
+        kind = dev()[0]
+    except Exception:
+        return False
+    # DLPack's device types: 2 CUDA, 3 CUDA host memory, 13 CUDA managed.
+    return int(kind) in (2, 13)
+
+
+def _host_bytes(call: str, name: str, source: Any) -> np.ndarray:
+    """The bytes of a numpy array, a torch tensor or any buffer-protocol object,
+    as a flat uint8 numpy view (or copy)."""
+    if isinstance(source, np.ndarray):
+        if source.dtype.hasobject:
+            raise TypeError(f"{call}: a numpy array of Python objects has no bytes to move")
+        return np.ascontiguousarray(source).reshape(-1).view(np.uint8)
+    if type(source).__module__.startswith("torch"):
+        t = source.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        import torch
+
+        flat: np.ndarray = t.contiguous().reshape(-1).view(torch.uint8).numpy()
+        return flat
+    if _is_cuda(source):
+        return _host_bytes(call, name, _cuda_tensor(call, source))
+    try:
+        view = memoryview(source)
+    except TypeError:
+        pass
+    else:
+        if not view.c_contiguous:
+            view = memoryview(view.tobytes())  # in C order
+        return np.frombuffer(view.cast("B"), dtype=np.uint8) if view.nbytes else np.zeros(0, np.uint8)
+    raise TypeError(
+        f"{call}: {name} must be a numpy array, a torch tensor or a buffer (bytes, bytearray, memoryview), "
+        f"got {_type_name(source)}"
+    )
+
+
+def _writable_bytes(call: str, out: Any) -> np.ndarray:
+    """A caller's host buffer as a flat, writable uint8 numpy view of its memory."""
+    if isinstance(out, np.ndarray):
+        if not out.flags.c_contiguous:
+            raise ValueError(f"{call}: out must be C-contiguous")
+        if not out.flags.writeable:
+            raise ValueError(f"{call}: out is read-only")
+        return out.reshape(-1).view(np.uint8)
+    if type(out).__module__.startswith("torch"):
+        if out.device.type != "cpu":
+            raise TypeError(f"{call}: out is on {out.device}; host buffers and CUDA buffers are supported")
+        if not out.is_contiguous():
+            raise ValueError(f"{call}: out must be contiguous")
+        return _writable_bytes(call, out.detach().numpy())
+    try:
+        view = memoryview(out)
+    except TypeError:
+        raise TypeError(
+            f"{call}: out must be a writable buffer (bytearray, numpy array, memoryview) or a CUDA array, "
+            f"got {_type_name(out)}"
+        ) from None
+    if view.readonly:
+        raise ValueError(f"{call}: out ({_type_name(out)}) is read-only")
+    if not view.c_contiguous:
+        raise ValueError(f"{call}: out must be C-contiguous")
+    if view.nbytes == 0:
+        return np.zeros(0, np.uint8)
+    return np.frombuffer(view.cast("B"), dtype=np.uint8)
+
+
+def _cuda_tensor(call: str, x: Any) -> Any:
+    """A CUDA array (``__cuda_array_interface__`` or DLPack) as a torch tensor sharing its memory."""
+    torch = _torch_for(call)
+    if type(x).__module__.startswith("torch"):
+        return x
+    if hasattr(x, "__cuda_array_interface__"):
+        return torch.as_tensor(x, device="cuda")
+    return torch.from_dlpack(x)
+
+
+def _torch_for(call: str) -> Any:
+    try:
+        import torch
+    except ImportError:
+        raise TypeError(f"{call}: CUDA buffers move through torch, which is not installed") from None
+    return torch
+
+
+# ---- storage ------------------------------------------------------------------
+
+
+class Storage:
+    """What a device string names (``bam::storage``): one or more controllers,
+    driven by host threads (``emu:``, ``/dev/bam-nvme*``) until a
+    :class:`bam.Array` brings them to GPU threads, or GPU-side from the start
+    (``emu-gpu:``). Made by :func:`bam.open`.
+
+    A context manager: ``with bam.open(...) as s:`` closes it at the end.
+    :meth:`close` waits for the transfers in flight and the storage's pending
+    futures, then lets the controllers go; any use after it raises :class:`bam.Error` ("... is closed"). Every
+    transfer is also a module function taking the storage first
+    (``s.read(0, 8)`` is ``bam.read(s, 0, 8)``)."""
+
+    def __init__(self, device_string: str) -> None:
+        if not isinstance(device_string, str):
+            raise TypeError(f"bam.Storage: device_string must be a str, got {_type_name(device_string)}")
+        self._device_string = device_string
+        self._handle: Optional[_core._Storage] = None
+        self._pending: "set[concurrent.futures.Future[Any]]" = set()
+        self._pending_lock = threading.Lock()
+        self._handle = _core._Storage(device_string)
+
+    def _h(self) -> _core._Storage:
+        h = self._handle
+        if h is None:
+            raise Error(f"bam: storage '{self._device_string}' is closed")
+        return h
+
+    @property
+    def device_string(self) -> str:
+        """The device string it was opened with."""
+        return self._device_string
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._handle is None or self._handle.closed
+
+    @property
+    def name(self) -> str:
+        """The controllers' names, joined by ``+`` (``emu0``)."""
+        return self._h().name
+
+    @property
+    def transport(self) -> str:
+        """How the controllers are reached and by whom (host threads or GPU threads)."""
+        return self._h().transport
+
+    @property
+    def gpu_side(self) -> bool:
+        """True once the controllers serve GPU threads (``emu-gpu:``, or an Array was made)."""
+        return self._h().gpu_side
+
+    @property
+    def controller_count(self) -> int:
+        """Controllers the device string names (``ssds=``)."""
+        return self._h().controller_count
+
+    @property
+    def lba_size(self) -> int:
+        """Bytes per logical block; load, write and Array offsets are multiples of it."""
+        return self._h().lba_size
+
+    @property
+    def blocks(self) -> int:
+        """Blocks per controller (the smallest namespace)."""
+        return self._h().blocks
+
+    @property
+    def bytes(self) -> int:
+        """``lba_size * blocks * controller_count``."""
+        return self._h().bytes
+
+    def close(self) -> None:
+        """Wait for the transfers in flight and the futures of
+        :meth:`read_async` and :meth:`write_async` still pending, then let the
+        controllers go (an ``emu:file`` medium keeps its bytes; an ``emu:ram``
+        one loses them). Arrays made over the storage keep its GPU side until
+        they go. Closing twice is closing once."""
+        h = self._handle
+        if h is None:
+            return
+        with self._pending_lock:
+            pending = list(self._pending)
+        concurrent.futures.wait(pending)
+        h.close()
+        self._handle = None
+
+    def _submit(self, fn: Callable[[], Any]) -> "concurrent.futures.Future[Any]":
+        f = _executor().submit(fn)
+        with self._pending_lock:
+            self._pending.add(f)
+        f.add_done_callback(self._done)
+        return f
+
+    def _done(self, f: "concurrent.futures.Future[Any]") -> None:
+        with self._pending_lock:
+            self._pending.discard(f)
+
+    def __enter__(self) -> Storage:
+        self._h()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        h = self._handle
+        if h is None:
+            return f"bam.Storage('{self._device_string}', closed)"
+        return repr(h)
+
+    # -- transfers (the module functions of the same names call these) --
+
+    @overload
+    def read(self, offset: int = 0, nbytes: Optional[int] = None, *, out: None = None) -> npt.NDArray[np.uint8]: ...
+    @overload
+    def read(self, offset: int = 0, nbytes: Optional[int] = None, *, out: _Buffer) -> _Buffer: ...
+
+    def read(self, offset: int = 0, nbytes: Optional[int] = None, *, out: Any = None) -> Any:
+        """``nbytes`` bytes at byte ``offset`` of the device, through the host
+        controller (or the software controller's media once GPU-side).
+
+        Without ``out``: a new numpy ``uint8`` array. With ``out`` (a writable
+        bytearray, numpy array, memoryview, CPU tensor, or a CUDA array such as
+        a CUDA torch tensor, copied by torch): the bytes go into it and ``out``
+        is returned; ``nbytes`` defaults to its size."""
+        call = "bam.read"
+        offset = _count(call, "offset", offset)
+        if nbytes is not None:
+            nbytes = _count(call, "nbytes", nbytes)
+        if out is None:
+            if nbytes is None:
+                raise TypeError(f"{call}: give nbytes, or out= (a buffer to read into)")
+            buf = np.empty(nbytes, np.uint8)
+            self._h()._read(offset, buf)
+            return buf
+        if _is_cuda(out):
+            return self._read_cuda(call, offset, nbytes, out)
+        view = _writable_bytes(call, out)
+        if nbytes is None:
+            nbytes = view.size
+        if nbytes > view.size:
+            raise ValueError(f"{call}: nbytes {nbytes} do not fit in out's {view.size} bytes")
+        self._h()._read(offset, view[:nbytes])
+        return out
+
+    def _read_cuda(self, call: str, offset: int, nbytes: Optional[int], out: Any) -> Any:
+        torch = _torch_for(call)
+        t = _cuda_tensor(call, out)
+        if not t.is_contiguous():
+            raise ValueError(f"{call}: out must be contiguous")
+        flat = t.view(-1).view(torch.uint8)
+        if nbytes is None:
+            nbytes = flat.numel()
+        if nbytes > flat.numel():
+            raise ValueError(f"{call}: nbytes {nbytes} do not fit in out's {flat.numel()} bytes")
+        host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        self._h()._read(offset, host.numpy())
+        flat[:nbytes].copy_(host)
+        torch.cuda.current_stream(flat.device).synchronize()
+        return out
+
+    def write(self, data: Any, offset: int = 0) -> int:
+        """The bytes of ``data`` (any buffer: bytes, bytearray, memoryview, a numpy
+        array, a torch tensor) onto the device at byte ``offset`` (a multiple of
+        the LBA size); returns the bytes written. As with :meth:`load`, the rest
+        of a last block that ``data`` does not fill is written as zeroes."""
+        call = "bam.write"
+        offset = _count(call, "offset", offset)
+        src = _host_bytes(call, "data", data)
+        r = self._h()._load_bytes(src, offset, None)
+        return int(r["bytes"])
+
+    def load(
+        self,
+        source: Union[str, "os.PathLike[str]", np.ndarray, Any],
+        offset: int = 0,
+        *,
+        progress: bool = True,
+        resume: bool = True,
+    ) -> TransferResult:
+        """Write ``source`` (a file path, a numpy array, a torch tensor, any
+        buffer) onto the device at byte ``offset`` (a multiple of the LBA size),
+        through the host controller (``bam::load_dataset``). A load from a file
+        is resumable (``resume``). A progress bar is drawn when tqdm is
+        installed and ``progress``."""
+        call = "bam.load"
+        offset = _count(call, "offset", offset)
+        update, close = _progress("load", progress)
+        try:
+            if isinstance(source, (str, os.PathLike)):
+                path = os.fspath(source)
+                if not isinstance(path, str):
+                    path = os.fsdecode(path)
+                if os.path.isdir(path):
+                    raise IsADirectoryError(
+                        errno.EISDIR, f"{call}: the source is a directory; load a file, an array or bytes", path
+                    )
+                r = self._h()._load_file(path, offset, bool(resume), update)
+            else:
+                r = self._h()._load_bytes(_host_bytes(call, "source", source), offset, update)
+        finally:
+            close()
+        return TransferResult(**r)
+
+    def dump(
+        self,
+        path: Union[str, "os.PathLike[str]"],
+        offset: int = 0,
+        nbytes: Optional[int] = None,
+        *,
+        progress: bool = True,
+    ) -> TransferResult:
+        """Write ``nbytes`` bytes at byte ``offset`` of the device into the file
+        ``path`` (``bam::dump_dataset``); its checksum equals the load's for the
+        same bytes. ``nbytes`` is required (by keyword:
+        ``dump(path, nbytes=n)``)."""
+        call = "bam.dump"
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"{call}: path must be a str or os.PathLike, got {_type_name(path)}")
+        offset = _count(call, "offset", offset)
+        if nbytes is None:
+            raise TypeError(f"{call}: nbytes is required (dump(storage, path, offset=0, nbytes=n))")
+        nbytes = _count(call, "nbytes", nbytes)
+        p = os.fspath(path)
+        if not isinstance(p, str):
+            p = os.fsdecode(p)
+        if os.path.isdir(p):
+            raise IsADirectoryError(errno.EISDIR, f"{call}: the destination is a directory; name a file", p)
+        update, close = _progress("dump", progress)
+        try:
+            r = self._h()._dump(p, offset, nbytes, update)
+        finally:
+            close()
+        return TransferResult(**r)
+
+    @overload
+    def read_async(
+        self, offset: int = 0, nbytes: Optional[int] = None, *, out: None = None
+    ) -> "concurrent.futures.Future[npt.NDArray[np.uint8]]": ...
+    @overload
+    def read_async(
+        self, offset: int = 0, nbytes: Optional[int] = None, *, out: _Buffer
+    ) -> "concurrent.futures.Future[_Buffer]": ...
+
+    def read_async(self, offset: int = 0, nbytes: Optional[int] = None, *, out: Any = None) -> Any:
+        """:meth:`read` on bam's I/O thread pool (:func:`bam.io_threads`): returns a
+        ``concurrent.futures.Future`` of what :meth:`read` returns. The arguments
+        are checked now; ``out`` must stay untouched until the future is done."""
+        self._h()
+        _count("bam.read_async", "offset", offset)
+        if nbytes is not None:
+            _count("bam.read_async", "nbytes", nbytes)
+        elif out is None:
+            raise TypeError("bam.read_async: give nbytes, or out= (a buffer to read into)")
+        return self._submit(lambda: self.read(offset, nbytes, out=out))
+
+    def write_async(self, data: Any, offset: int = 0) -> "concurrent.futures.Future[int]":
+        """:meth:`write` on bam's I/O thread pool: returns a ``concurrent.futures.Future``
+        of the bytes written. ``data`` must stay unchanged until the future is done."""
+        self._h()
+        _count("bam.write_async", "offset", offset)
+        _host_bytes("bam.write_async", "data", data)
+        return self._submit(lambda: self.write(data, offset))
+
+
+StorageLike = Union[Storage, str]
+
+
 def open(device_string: str) -> Storage:  # noqa: A001 - bam.open mirrors bam::storage's constructor
     """Open what a device string names (``emu:ram=64M``, ``emu:file=/path,size=8G``,
-    ``emu-gpu:ram=1G``, ``/dev/bam-nvme0``). ``emu-gpu:`` devices need a CUDA GPU.
-    A bad string raises :class:`bam.Error` with bam's one-line text.
+    ``emu-gpu:ram=1G``, ``/dev/bam-nvme0``) as a :class:`bam.Storage`.
+    ``emu-gpu:`` devices need a CUDA GPU. A bad string raises :class:`bam.Error`
+    with bam's one-line text.
 
     GPU reads over an ``emu:`` device are served by host threads that make no
     CUDA call: the GPU threads that wait move the data, so any CUDA module
     loading mode and any stream work."""
+    if not isinstance(device_string, str):
+        raise TypeError(f"bam.open: device_string must be a str, got {_type_name(device_string)}")
     return Storage(device_string)
 
 
 def parse_device(device_string: str) -> Dict[str, Any]:
     """Parse a device string without opening anything (raises :class:`bam.Error`)."""
+    if not isinstance(device_string, str):
+        raise TypeError(f"bam.parse_device: device_string must be a str, got {_type_name(device_string)}")
     return _core.parse_device(device_string)
 
 
@@ -83,12 +528,28 @@ def gpu_available() -> bool:
     return _core.gpu_unavailable_reason() == ""
 
 
-def _storage(s: StorageLike) -> Storage:
+def _storage(s: Any, call: str = "bam") -> Storage:
     if isinstance(s, Storage):
         return s
     if isinstance(s, str):
         return Storage(s)
-    raise TypeError(f"expected a bam.Storage or a device string, got {type(s).__name__}")
+    raise TypeError(f"{call}: storage must be a bam.Storage or a device string, got {_type_name(s)}")
+
+
+class _opened:
+    """A storage for one call: a bam.Storage as it is, a device string opened
+    for the call and closed after it."""
+
+    def __init__(self, s: Any, call: str) -> None:
+        self._own = not isinstance(s, Storage)
+        self._s = _storage(s, call)
+
+    def __enter__(self) -> Storage:
+        return self._s
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._own:
+            self._s.close()
 
 
 def _progress(label: str, enabled: bool) -> Tuple[Optional[Callable[[int, int], None]], Callable[[], None]]:
@@ -114,77 +575,94 @@ def _progress(label: str, enabled: bool) -> Tuple[Optional[Callable[[int, int], 
     return update, close
 
 
-def _host_bytes(source: Any) -> np.ndarray:
-    """The bytes of a numpy array or a torch tensor, as a flat uint8 numpy view (or copy)."""
-    if isinstance(source, np.ndarray):
-        if source.dtype.hasobject:
-            raise TypeError("bam.load: a numpy array of Python objects has no bytes to load")
-        return np.ascontiguousarray(source).reshape(-1).view(np.uint8)
-    if type(source).__module__.startswith("torch"):
-        t = source.detach()
-        if t.device.type != "cpu":
-            t = t.cpu()
-        import torch
+@overload
+def read(
+    storage: StorageLike, offset: int = 0, nbytes: Optional[int] = None, *, out: None = None
+) -> npt.NDArray[np.uint8]: ...
+@overload
+def read(storage: StorageLike, offset: int = 0, nbytes: Optional[int] = None, *, out: _Buffer) -> _Buffer: ...
 
-        return t.contiguous().reshape(-1).view(torch.uint8).numpy()
-    if isinstance(source, (bytes, bytearray, memoryview)):
-        return np.frombuffer(source, dtype=np.uint8)
-    raise TypeError(
-        f"bam.load: source must be a path, a numpy array, a torch tensor or bytes, got {type(source).__name__}"
-    )
+
+def read(storage: StorageLike, offset: int = 0, nbytes: Optional[int] = None, *, out: Any = None) -> Any:
+    """``nbytes`` bytes at byte ``offset`` of ``storage`` (a :class:`bam.Storage`
+    or a device string), as a new numpy ``uint8`` array, or into ``out`` (a
+    writable host buffer, or a CUDA array) which is returned; see
+    :meth:`Storage.read`."""
+    with _opened(storage, "bam.read") as s:
+        return s.read(offset, nbytes, out=out)
+
+
+def write(storage: StorageLike, data: Any, offset: int = 0) -> int:
+    """The bytes of ``data`` (any buffer, numpy array or torch tensor) onto
+    ``storage`` at byte ``offset``; returns the bytes written. See :meth:`Storage.write`."""
+    with _opened(storage, "bam.write") as s:
+        return s.write(data, offset)
+
+
+def _legacy_load_order(first: Any, second: Any) -> bool:
+    """True for the old ``load(source, storage)`` order: the storage second and
+    the source first (data, or a path that names a file or directory)."""
+    if isinstance(first, Storage):
+        return False
+    if not isinstance(second, (Storage, str)):
+        return False
+    if isinstance(second, Storage) or not isinstance(first, str):
+        return True
+    return os.path.isfile(first) or os.path.isdir(first)
 
 
 def load(
-    source: Union[str, os.PathLike, np.ndarray, Any],
     storage: StorageLike,
+    source: Union[str, "os.PathLike[str]", np.ndarray, Any],
     offset: int = 0,
+    *,
     progress: bool = True,
     resume: bool = True,
 ) -> TransferResult:
-    """Write ``source`` (a file path, a numpy array, a torch tensor, bytes) onto the
-    device at byte ``offset`` (a multiple of the LBA size), through the host
-    controller (``bam::load_dataset``). A load from a file is resumable
-    (``resume``). A progress bar is drawn when tqdm is installed and ``progress``."""
-    s = _storage(storage)
-    if offset < 0:
-        raise ValueError(f"bam.load: offset {offset} is negative")
-    update, close = _progress("load", progress)
-    try:
-        if isinstance(source, (str, os.PathLike)):
-            r = s._load_file(os.fspath(source), offset, resume, update)
-        else:
-            r = s._load_bytes(_host_bytes(source), offset, update)
-    finally:
-        close()
-    return TransferResult(**r)
-
-
-def read(storage: StorageLike, offset: int, nbytes: int) -> np.ndarray:
-    """``nbytes`` bytes at byte ``offset`` of the device, read back through the host
-    controller (or the software controller's media once GPU-side), as numpy uint8."""
-    if offset < 0 or nbytes < 0:
-        raise ValueError(f"bam.read: offset {offset} and nbytes {nbytes} must not be negative")
-    return _storage(storage)._read(offset, nbytes)
+    """Write ``source`` (a file path, a numpy array, a torch tensor, any buffer)
+    onto ``storage`` at byte ``offset`` (a multiple of the LBA size); see
+    :meth:`Storage.load`. The older order ``load(source, storage)`` still works
+    and warns (DeprecationWarning)."""
+    if _legacy_load_order(storage, source):
+        warnings.warn(
+            "bam.load(source, storage) is the old argument order; call bam.load(storage, source)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        storage, source = source, storage  # type: ignore[assignment]
+    with _opened(storage, "bam.load") as s:
+        return s.load(source, offset, progress=progress, resume=resume)
 
 
 def dump(
     storage: StorageLike,
-    path: Union[str, os.PathLike],
-    nbytes: int,
+    path: Union[str, "os.PathLike[str]"],
     offset: int = 0,
+    nbytes: Optional[int] = None,
+    *,
     progress: bool = True,
 ) -> TransferResult:
-    """Write ``nbytes`` bytes at byte ``offset`` of the device into the file ``path``
-    (``bam::dump_dataset``); its checksum equals the load's for the same bytes."""
-    if offset < 0 or nbytes < 0:
-        raise ValueError(f"bam.dump: offset {offset} and nbytes {nbytes} must not be negative")
-    s = _storage(storage)
-    update, close = _progress("dump", progress)
-    try:
-        r = s._dump(os.fspath(path), offset, nbytes, update)
-    finally:
-        close()
-    return TransferResult(**r)
+    """Write ``nbytes`` bytes at byte ``offset`` of ``storage`` into the file
+    ``path``; see :meth:`Storage.dump`. ``nbytes`` is required."""
+    with _opened(storage, "bam.dump") as s:
+        return s.dump(path, offset, nbytes, progress=progress)
+
+
+def read_async(storage: Storage, offset: int = 0, nbytes: Optional[int] = None, *, out: Any = None) -> Any:
+    """:func:`read` on bam's I/O thread pool: a ``concurrent.futures.Future`` of
+    what it returns. ``storage`` is a :class:`bam.Storage` (open while the
+    future runs); see :meth:`Storage.read_async`."""
+    if not isinstance(storage, Storage):
+        raise TypeError(f"bam.read_async: storage must be a bam.Storage, got {_type_name(storage)}")
+    return storage.read_async(offset, nbytes, out=out)
+
+
+def write_async(storage: Storage, data: Any, offset: int = 0) -> "concurrent.futures.Future[int]":
+    """:func:`write` on bam's I/O thread pool: a ``concurrent.futures.Future`` of
+    the bytes written; see :meth:`Storage.write_async`."""
+    if not isinstance(storage, Storage):
+        raise TypeError(f"bam.write_async: storage must be a bam.Storage, got {_type_name(storage)}")
+    return storage.write_async(data, offset)
 
 
 def _current_stream(device: Any = None) -> int:
@@ -196,6 +674,15 @@ def _current_stream(device: Any = None) -> int:
     if not torch.cuda.is_available():
         return 0
     return int(torch.cuda.current_stream(device).cuda_stream)
+
+
+def _current_device() -> Any:
+    """The current CUDA device, as a torch.device (None without torch)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _require_gpu() -> None:
@@ -210,6 +697,11 @@ class PageCache:
     Without a CUDA GPU it raises :class:`bam.Error` ("no CUDA GPU")."""
 
     def __init__(self, page_size: int = 4096, capacity: int = 256 << 20, ways: int = 8) -> None:
+        page_size = _count("bam.PageCache", "page_size", page_size)
+        capacity = _count("bam.PageCache", "capacity", capacity)
+        ways = _count("bam.PageCache", "ways", ways)
+        if ways == 0:
+            raise ValueError("bam.PageCache: ways must be at least 1")
         if page_size < 512 or page_size > 65536 or page_size & (page_size - 1):
             raise ValueError(f"bam.PageCache: page_size {page_size} must be a power of two in [512, 65536]")
         if capacity < page_size * ways:
@@ -218,12 +710,35 @@ class PageCache:
             )
         _require_gpu()
         self._cache = _core._PageCache(page_size, capacity, ways)
-        self.page_size = page_size
-        self.capacity = capacity
+        self._page_size = page_size
+        self._capacity = capacity
+        self._ways = ways
+        self._device = _current_device()
+
+    @property
+    def page_size(self) -> int:
+        """Bytes per page."""
+        return self._page_size
+
+    @property
+    def capacity(self) -> int:
+        """Bytes of GPU memory the pages take."""
+        return self._capacity
+
+    @property
+    def ways(self) -> int:
+        """Slots per set."""
+        return self._ways
 
     @property
     def slots(self) -> int:
-        return self._cache.slot_count
+        """Pages the cache holds."""
+        return int(self._cache.slot_count)
+
+    @property
+    def device(self) -> Any:
+        """The CUDA device the cache is on (a ``torch.device`` where torch is installed)."""
+        return self._device
 
     def stats(self) -> Dict[str, int]:
         """Misses (pages loaded) and write-backs so far, and the bytes they moved.
@@ -255,7 +770,7 @@ def _dtype_of(dtype: Any) -> Tuple[str, int, Any]:
         try:
             np_dtype = np.dtype(dtype)
         except TypeError as e:
-            raise TypeError(f"bam.Array: dtype {dtype!r} is not a dtype") from e
+            raise TypeError(f"bam.Array: dtype {dtype!r} is not a numpy or torch dtype") from e
         if np_dtype.hasobject or np_dtype.kind in "USVMm" or np_dtype.fields is not None:
             raise TypeError(f"bam.Array: dtype {np_dtype} is not a plain numeric type")
         size = np_dtype.itemsize
@@ -288,27 +803,62 @@ def _check_layout(storage: Storage, shape: Tuple[int, ...], size: int, offset: i
     return elements, row_width, offset // storage.lba_size
 
 
-def _check_index(idx: Any, rows: int) -> Any:
-    """``idx`` as a 1-D contiguous CUDA int64 tensor, or raise (no GPU work)."""
+_INDEX_KINDS = "an int, a slice, a list of ints, or a 1-D int32/int64 numpy array or torch tensor"
+
+
+def _host_row_ids(idx: Any, rows: int) -> Optional[np.ndarray]:
+    """Row ids known on the host (an int, a slice, a list, a numpy array, a CPU
+    tensor) as a 1-D int64 numpy array, negative ids counted from the end and
+    every id checked against ``rows``; None for a CUDA tensor (its ids are
+    checked by the GPU). Raises TypeError, ValueError or RowIndexError."""
+    if isinstance(idx, bool):
+        raise TypeError(f"bam.Array: the index must be {_INDEX_KINDS}, got bool")
     if isinstance(idx, (int, np.integer)):
         i = int(idx)
         if not -rows <= i < rows:
             raise RowIndexError(f"bam.Array: row {i} is outside [0, {rows})")
+        return np.array([i % rows], dtype=np.int64)
+    if isinstance(idx, slice):
+        return np.arange(*idx.indices(rows), dtype=np.int64)
+    if type(idx).__module__.startswith("torch"):
         import torch
 
-        return torch.tensor([i % rows], dtype=torch.int64, device="cuda")
-    mod = type(idx).__module__
-    if not mod.startswith("torch"):
-        raise TypeError(f"bam.Array: the index must be a CUDA int64 torch tensor, got {type(idx).__name__}")
+        if idx.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"bam.Array: the index must be int32 or int64, got {idx.dtype}")
+        if idx.dim() != 1:
+            raise ValueError(f"bam.Array: the index must be 1-D, got shape {tuple(idx.shape)}")
+        if idx.device.type == "cuda":
+            return None
+        if idx.device.type != "cpu":
+            raise TypeError(f"bam.Array: the index must be on the CPU or a CUDA device, got one on {idx.device}")
+        idx = idx.numpy()
+    if isinstance(idx, (list, tuple)):
+        if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in idx):
+            raise TypeError(f"bam.Array: the index must be {_INDEX_KINDS}; a list holds ints only")
+        ids = np.array(idx, dtype=np.int64).reshape(-1)
+    elif isinstance(idx, np.ndarray):
+        if idx.dtype not in (np.int32, np.int64):
+            raise TypeError(f"bam.Array: the index must be int32 or int64, got a numpy array of {idx.dtype}")
+        if idx.ndim != 1:
+            raise ValueError(f"bam.Array: the index must be 1-D, got shape {idx.shape}")
+        ids = idx.astype(np.int64)
+    else:
+        raise TypeError(f"bam.Array: the index must be {_INDEX_KINDS}, got {_type_name(idx)}")
+    bad = (ids < -rows) | (ids >= rows)
+    if bad.any():
+        raise RowIndexError(f"bam.Array: row {int(ids[bad][0])} is outside [0, {rows})")
+    return np.where(ids < 0, ids + rows, ids)
+
+
+def _check_index(idx: Any, rows: int, device: Any = None) -> Any:
+    """``idx`` as a 1-D contiguous CUDA int64 tensor on ``device`` (a CUDA
+    tensor stays where it is), or raise before any GPU work."""
+    ids = _host_row_ids(idx, rows)
     import torch
 
-    if idx.dtype != torch.int64:
-        raise TypeError(f"bam.Array: the index must be int64, got {idx.dtype}")
-    if idx.device.type != "cuda":
-        raise TypeError(f"bam.Array: the index must be a CUDA tensor, got one on {idx.device}")
-    if idx.dim() != 1:
-        raise ValueError(f"bam.Array: the index must be 1-D, got shape {tuple(idx.shape)}")
-    return idx.contiguous()
+    if ids is None:
+        return idx.to(torch.int64).contiguous()
+    return torch.from_numpy(ids).to(device if device is not None else "cuda")
 
 
 def _check_values(values: Any, torch_dtype: Any, row_shape: Tuple[int, ...], count: int, device: Any) -> Any:
@@ -332,11 +882,15 @@ class Array:
     :class:`PageCache` (``bam::array``): ``shape`` (rows first) of ``dtype``
     (numpy or torch dtype, 1/2/4/8-byte elements) at byte ``offset`` of ``storage``.
 
-    ``arr[idx]`` gathers rows (idx: 1-D CUDA int64 tensor; ``bam::gather_rows``),
-    ``arr[idx] = values`` writes rows through the cache, ``flush()`` writes dirty
-    pages back. Both run on torch's current CUDA stream and wait for it; a row id
-    outside [0, rows) raises :class:`bam.RowIndexError`. Argument checks
-    (dtype, shape, device, offset, size) happen before any GPU work."""
+    ``arr[idx]`` gathers rows into a new CUDA tensor (``bam::gather_rows``);
+    ``idx`` is an int (one row), a slice, a list of ints, or a 1-D int32/int64
+    numpy array or torch tensor (CPU or CUDA). Negative ids count from the end
+    except in a CUDA tensor, whose ids the GPU checks. ``arr[idx] = values``
+    (a CUDA tensor of the array's dtype) writes rows through the cache,
+    ``flush()`` writes dirty pages back. Both run on torch's current CUDA
+    stream and wait for it; a row id outside [0, rows) raises
+    :class:`bam.RowIndexError`. Argument checks (dtype, shape, device, offset,
+    size, index) happen before any GPU work."""
 
     def __init__(
         self,
@@ -346,41 +900,79 @@ class Array:
         dtype: Any = "float32",
         offset: int = 0,
     ) -> None:
-        s = _storage(storage)
-        shape_t = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        s = _storage(storage, "bam.Array")
+        if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+            shape_t: Tuple[Any, ...] = (shape,)
+        elif isinstance(shape, (tuple, list)) or type(shape).__name__ == "Size":
+            shape_t = tuple(shape)  # type: ignore[arg-type]
+        else:
+            raise TypeError(f"bam.Array: shape must be an int or a tuple of ints, got {_type_name(shape)}")
+        if isinstance(offset, bool) or not isinstance(offset, (int, np.integer)):
+            raise TypeError(f"bam.Array: offset must be an int, got {_type_name(offset)}")
+        offset = int(offset)
         self.dtype_name, self.element_size, torch_dtype = _dtype_of(dtype)
         elements, self.row_width, start_lba = _check_layout(s, shape_t, self.element_size, offset)
         if not isinstance(cache, PageCache):
-            raise TypeError(f"bam.Array: cache must be a bam.PageCache, got {type(cache).__name__}")
-        self.shape = tuple(int(d) for d in shape_t)
+            raise TypeError(f"bam.Array: cache must be a bam.PageCache, got {_type_name(cache)}")
+        self._shape = tuple(int(d) for d in shape_t)
         self.offset = offset
         self.storage = s
         self.cache = cache
         self._torch_dtype = torch_dtype if torch_dtype is not None else _torch_dtype(self.dtype_name)
-        self._array = _core._Array(cache._cache, s, elements, self.element_size, start_lba, _current_stream())
+        self._array = _core._Array(cache._cache, s._h(), elements, self.element_size, start_lba, _current_stream())
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        """Rows first, then the shape of a row."""
+        return self._shape
+
+    @property
+    def dtype(self) -> Any:
+        """The element type: the torch dtype that gathers return (the numpy
+        dtype where torch is not installed)."""
+        return self._torch_dtype if self._torch_dtype is not None else np.dtype(self.dtype_name)
+
+    @property
+    def device(self) -> Any:
+        """The CUDA device of the page cache, where gathered rows land (a ``torch.device``)."""
+        return self.cache.device
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the array spans on the storage."""
+        return self.rows * self.row_width * self.element_size
 
     @property
     def rows(self) -> int:
-        return self.shape[0]
+        """``shape[0]``; also ``len(arr)``."""
+        return self._shape[0]
 
     def __len__(self) -> int:
         return self.rows
 
+    def _ids(self, idx: Any) -> Any:
+        return _check_index(idx, self.rows, self.device)
+
     def __getitem__(self, idx: Any) -> Any:
+        """Rows ``idx`` (see the class) as a new CUDA tensor of shape
+        ``(len(ids),) + shape[1:]``; an int gives one row of shape ``shape[1:]``."""
         import torch
 
         scalar = isinstance(idx, (int, np.integer))
-        ids = _check_index(idx, self.rows)
+        ids = self._ids(idx)
         out = torch.empty((ids.shape[0],) + self.shape[1:], dtype=self._torch_dtype, device=ids.device)
-        self._array.gather(ids, out, self.row_width, self.element_size, _current_stream(ids.device))
+        if ids.shape[0]:
+            self._array.gather(ids, out, self.row_width, self.element_size, _current_stream(ids.device))
         return out[0] if scalar else out
 
     def __setitem__(self, idx: Any, values: Any) -> None:
-        ids = _check_index(idx, self.rows)
+        """Write ``values`` (a CUDA tensor of shape ``(len(ids),) + shape[1:]``) to rows ``idx``."""
+        ids = self._ids(idx)
         if isinstance(idx, (int, np.integer)) and type(values).__module__.startswith("torch"):
             values = values.reshape((1,) + self.shape[1:])
         rows = _check_values(values, self._torch_dtype, self.shape[1:], ids.shape[0], ids.device)
-        self._array.write_rows(ids, rows, self.row_width, self.element_size, _current_stream(ids.device))
+        if ids.shape[0]:
+            self._array.write_rows(ids, rows, self.row_width, self.element_size, _current_stream(ids.device))
 
     def flush(self) -> None:
         """Write back the cache's dirty pages and NVMe Flush (every array on the cache)."""

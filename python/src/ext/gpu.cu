@@ -116,7 +116,7 @@ namespace {
 template <class T>
 struct typed_array final : gpu_array_state {
   typed_array(gpu_cache& cache, const gpu_storage& s, std::uint64_t n, std::uint64_t start_lba, cudaStream_t stream)
-      : keep_cache(cache.state), a(cache.state->cache, s.state->storage, n, start_lba, stream) {}
+      : keep_cache(cache.state), keep_storage(s.state), a(cache.state->cache, s.state->storage, n, start_lba, stream) {}
 
   void gather(const std::int64_t* ids, std::uint64_t count, std::uint64_t row_width, void* out,
               cudaStream_t stream) override {
@@ -144,7 +144,8 @@ struct typed_array final : gpu_array_state {
     }
   }
 
-  std::shared_ptr<gpu_cache_state> keep_cache; // the array's cache outlives it
+  std::shared_ptr<gpu_cache_state> keep_cache;     // the array's cache outlives it
+  std::shared_ptr<gpu_storage_state> keep_storage; // and so does its storage (a closed bam.Storage lets it go)
   bam::array<T> a;
 };
 

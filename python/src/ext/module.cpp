@@ -17,6 +17,7 @@
 #include <nanobind/stl/string.h>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -73,6 +74,8 @@ struct transfer_result {
 //! carried over, a file or an SSD keeps them anyway). From then on loads and
 //! reads go straight to the software controller's media. Transfers and the
 //! switch hold one mutex; the properties are read with Python's GIL held.
+//! `close()` waits for a transfer in flight, then lets the controllers go;
+//! every use after it throws.
 class storage_handle {
 public:
   explicit storage_handle(const std::string& text) : spec_(parse_device(text)) {
@@ -84,12 +87,21 @@ public:
   }
 
   const std::string& device_string() const { return spec_.text; }
-  bool gpu_side() const { return gpu_ != nullptr; }
+  bool closed() const { return closed_; }
+  bool gpu_side() const {
+    check_open();
+    return gpu_ != nullptr;
+  }
   std::uint32_t controller_count() const {
+    check_open();
     return gpu_ ? gpu_->controller_count() : static_cast<std::uint32_t>(host_.size());
   }
-  std::uint32_t lba_size() const { return gpu_ ? gpu_->lba_size() : host_.front()->ns(1).lba_size; }
+  std::uint32_t lba_size() const {
+    check_open();
+    return gpu_ ? gpu_->lba_size() : host_.front()->ns(1).lba_size;
+  }
   std::uint64_t blocks() const {
+    check_open();
     if (gpu_) return gpu_->blocks_per_controller();
     std::uint64_t b = host_.front()->ns(1).blocks;
     for (const auto& c : host_)
@@ -98,6 +110,7 @@ public:
   }
   std::uint64_t bytes() const { return blocks() * lba_size() * controller_count(); }
   std::string name() const {
+    check_open();
     if (gpu_) return gpu_->name();
     std::string n;
     for (const auto& c : host_)
@@ -105,14 +118,26 @@ public:
     return n;
   }
   std::string transport() const {
+    check_open();
     if (gpu_) return gpu_->transport_name();
     return spec_.kind == device_kind::pci ? "pci (kernel module), host-driven"
                                           : "emu (software controller, CPU engine), host-driven";
   }
 
+  //! Waits for a transfer in flight, then shuts the host controllers down and
+  //! lets the GPU side go (arrays made over it keep it until they go).
+  //! Closing twice is closing once.
+  void close() {
+    std::lock_guard lock(mutex_);
+    closed_ = true;
+    host_.clear();
+    gpu_.reset();
+  }
+
   //! The GPU-side storage, brought up now if the device is host-driven so far.
   gpu_storage& gpu() {
     std::lock_guard lock(mutex_);
+    check_open();
     if (gpu_) return *gpu_;
     require_gpu();
     if (spec_.kind == device_kind::pci) {
@@ -151,6 +176,7 @@ public:
   //! where the host controller loads it.
   transfer_result load_file(const std::string& path, std::uint64_t offset, bool resume, const transfer_control& ctl) {
     std::unique_lock lock(mutex_);
+    check_open();
     if (!gpu_) {
       dataset_options o;
       o.offset = offset;
@@ -192,6 +218,7 @@ public:
   transfer_result load(const data_source& src, std::uint64_t offset, const std::string& state_path, bool resume,
                        const transfer_control& ctl) {
     std::lock_guard lock(mutex_);
+    check_open();
     check_range("load", offset, src.size);
     if (!gpu_) {
       dataset_options o;
@@ -213,6 +240,7 @@ public:
   //! `n` bytes at byte `offset` into `dst`.
   void read(std::uint64_t offset, std::uint8_t* dst, std::uint64_t n) {
     std::lock_guard lock(mutex_);
+    check_open();
     check_range("read", offset, n);
     if (gpu_) {
       single_gpu("read");
@@ -225,6 +253,7 @@ public:
   //! `n` bytes at byte `offset` into the file `path`.
   transfer_result dump(const std::string& path, std::uint64_t offset, std::uint64_t n, const transfer_control& ctl) {
     std::lock_guard lock(mutex_);
+    check_open();
     check_range("dump", offset, n);
     if (!gpu_) {
       dataset_options o;
@@ -255,10 +284,28 @@ private:
       host_.push_back(std::make_unique<controller>(t, o));
   }
 
-  //! Size of a file or block device.
+  void check_open() const {
+    if (!closed_) return;
+    error_context c;
+    c.errnum = EBADF;
+    throw error("storage '" + spec_.text + "' is closed", c);
+  }
+
+  //! Size of a file or block device (a directory is neither: its seek end is
+  //! no size).
   static std::uint64_t file_bytes(const std::string& path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) throw_errno("opening '" + path + "'");
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      const int e = errno;
+      ::close(fd);
+      throw_errno("stat of '" + path + "'", e);
+    }
+    if (S_ISDIR(st.st_mode)) {
+      ::close(fd);
+      throw_errno("'" + path + "' is a directory, not a file", EISDIR);
+    }
     const off_t end = ::lseek(fd, 0, SEEK_END);
     const int e = errno;
     ::close(fd);
@@ -328,6 +375,7 @@ private:
   std::vector<std::unique_ptr<controller>> host_;
   std::shared_ptr<gpu_storage> gpu_;
   std::mutex mutex_;
+  bool closed_ = false;
 };
 
 //! A transfer driven from Python: the progress callback runs with the GIL
@@ -403,6 +451,7 @@ std::string memory_load_state_path() {
 }
 
 using host_bytes = nb::ndarray<const std::uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using host_buffer = nb::ndarray<std::uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using cuda_ids = nb::ndarray<const std::int64_t, nb::ndim<1>, nb::c_contig, nb::device::cuda>;
 using cuda_tensor = nb::ndarray<nb::c_contig, nb::device::cuda>;
 
@@ -469,8 +518,11 @@ NB_MODULE(_core, m) {
       },
       "text"_a, "Parse a device string without opening anything.");
 
-  nb::class_<storage_handle>(m, "Storage", "What a device string names (see bam.open).")
+  // Behind bam.Storage (python/src/bam), which checks the arguments first.
+  nb::class_<storage_handle>(m, "_Storage")
       .def(nb::init<const std::string&>(), "device_string"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def("close", &storage_handle::close, nb::call_guard<nb::gil_scoped_release>())
+      .def_prop_ro("closed", &storage_handle::closed)
       .def_prop_ro("device_string", &storage_handle::device_string)
       .def_prop_ro("name", &storage_handle::name)
       .def_prop_ro("transport", &storage_handle::transport)
@@ -510,17 +562,11 @@ NB_MODULE(_core, m) {
           "data"_a, "offset"_a, "progress"_a.none())
       .def(
           "_read",
-          [](storage_handle& s, std::uint64_t offset, std::uint64_t nbytes) {
-            auto* v = new std::vector<std::uint8_t>(nbytes);
-            nb::capsule owner(v, [](void* p) noexcept { delete static_cast<std::vector<std::uint8_t>*>(p); });
-            {
-              nb::gil_scoped_release nogil;
-              s.read(offset, v->data(), nbytes);
-            }
-            return nb::ndarray<nb::numpy, std::uint8_t, nb::ndim<1>>(v->data(), {static_cast<std::size_t>(nbytes)},
-                                                                     owner);
+          [](storage_handle& s, std::uint64_t offset, host_buffer out) {
+            nb::gil_scoped_release nogil;
+            s.read(offset, out.data(), out.shape(0));
           },
-          "offset"_a, "nbytes"_a)
+          "offset"_a, "out"_a)
       .def(
           "_dump",
           [](storage_handle& s, const std::string& path, std::uint64_t offset, std::uint64_t nbytes,
@@ -530,6 +576,7 @@ NB_MODULE(_core, m) {
           },
           "path"_a, "offset"_a, "nbytes"_a, "progress"_a.none())
       .def("__repr__", [](const storage_handle& s) {
+        if (s.closed()) return "bam.Storage('" + s.device_string() + "', closed)";
         return "bam.Storage('" + s.device_string() + "', " + std::to_string(s.controller_count()) +
                " controller(s) of " + std::to_string(s.blocks()) + " blocks of " + std::to_string(s.lba_size()) + " B)";
       });
