@@ -141,7 +141,9 @@ def test_array_properties(torch, table):
     assert arr.device == torch.device("cuda", torch.cuda.current_device())
     assert arr.nbytes == ROWS * DIM * 4
     assert cache.device == arr.device
-    u = bam.Array(cache, s, 1000, np.int16, offset=(1 << 20) + ROWS * DIM * 4 // 512 * 512 + 512)
+    # Past the table, on a page boundary (arrays that share a page must both start on one).
+    past = ((1 << 20) + ROWS * DIM * 4 + 4095) // 4096 * 4096 + 4096
+    u = bam.Array(cache, s, 1000, np.int16, offset=past)
     assert u.shape == (1000,) and u.dtype == torch.int16 and u.nbytes == 2000
 
 

@@ -692,6 +692,7 @@ public:
   stream_owner() { BAM_CUDA_TRY(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
   ~stream_owner() { BAM_CUDA_LOG(cudaStreamDestroy(s_)); }
   operator cudaStream_t() const { return s_; }
+  operator cuda::stream_ref() const { return s_; }
 
 private:
   cudaStream_t s_ = nullptr;

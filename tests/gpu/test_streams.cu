@@ -118,18 +118,18 @@ TEST_CASE("bam's host calls wait for no kernel of the caller's on another stream
   wait_for_flag_kernel<<<1, 1, 0, user.s>>>(flag.get(), timeout_ns, saw.get());
   BAM_CUDA_TRY(cudaGetLastError());
   const auto t0 = std::chrono::steady_clock::now();
-  // Memory, a cache, an array on a stream of this thread's, its check and
-  // its detach: none of them may wait for the kernel above. (Freeing GPU
-  // memory may wait for the device: that happens after the flag is set.)
+  // Memory, a cache, an array on a stream of this thread's, its check: none
+  // of them may wait for the kernel above. (Freeing GPU memory may wait for
+  // the device, as cudaFree does: detach and destructors come after the flag.)
   auto cache = std::make_unique<bam::page_cache>(bam::page_cache_config{.page_size = 4096, .capacity = 4ull << 20});
   auto a = std::make_unique<bam::array<std::uint32_t>>(*cache, s, (4ull << 20) / 4, 0, mine.s);
   auto more = std::make_unique<bam::device_buffer<std::uint64_t>>(1 << 20);
   REQUIRE_NOTHROW(a->check(mine.s));
   REQUIRE_NOTHROW(cache->counters(mine.s));
-  a->detach(mine.s);
   const double host_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::atomic_ref<int>(*flag.get()).store(1);
   BAM_CUDA_TRY(cudaStreamSynchronize(user.s));
+  a->detach(mine.s);
   int seen = 0;
   BAM_CUDA_TRY(cudaMemcpy(&seen, saw.get(), sizeof seen, cudaMemcpyDeviceToHost));
   INFO("host calls took " << host_s << " s");
