@@ -39,6 +39,10 @@
 #include <string>
 #include <vector>
 
+#ifndef BAM_VERSION // CMake defines it (the project's version); a build by hand may not
+#define BAM_VERSION "unknown"
+#endif
+
 namespace {
 
 using json = nlohmann::ordered_json;

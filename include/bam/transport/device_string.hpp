@@ -313,13 +313,16 @@ inline device_spec parse_device(const std::string& text) {
       if (!next()) break;
       continue;
     }
-    std::string keys;
-    for (const auto& o : device_options)
-      keys += (keys.empty() ? "" : ", ") + std::string(o.form.substr(0, o.form.find('=')));
+    auto keys = [] {
+      std::string list;
+      for (const auto& o : device_options)
+        list += (list.empty() ? "" : ", ") + std::string(o.form.substr(0, o.form.find('=')));
+      return list;
+    };
     const auto eq = item.find('=');
     if (item.empty()) bad_device(text, "an empty option", "remove the extra comma");
     if (eq == std::string_view::npos || eq == 0)
-      bad_device(text, "'" + std::string(item) + "' is not an option", "options: " + keys);
+      bad_device(text, "'" + std::string(item) + "' is not an option", "options: " + keys());
     const std::string_view k = item.substr(0, eq), v = item.substr(eq + 1);
     const std::string key(k);
     auto rewrite = [&](std::string_view w) { return with_item(key + "=" + std::string(w)); };
@@ -388,7 +391,7 @@ inline device_spec parse_device(const std::string& text) {
     } else if (k == "timeout") {
       s.timeout_ns = number(time_quantity);
     } else {
-      bad_device(text, "unknown option '" + key + "'", "options: " + keys);
+      bad_device(text, "unknown option '" + key + "'", "options: " + keys());
     }
     if (!next()) break;
   }
