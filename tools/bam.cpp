@@ -33,10 +33,15 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
+
+#ifndef BAM_VERSION // CMake defines it (the project's version); a build by hand may not
+#define BAM_VERSION "unknown"
+#endif
 
 namespace {
 
@@ -52,7 +57,33 @@ struct common_options {
   std::string root = "/"; // system root for sysfs and /proc (tests use a made-up tree)
 };
 
-void print_json(const json& j) { std::cout << j.dump(2) << std::endl; }
+// Exit status (bam --help says the same).
+constexpr int exit_ok = 0;
+constexpr int exit_failure = 1;       //!< the device, a file or the system failed or refused
+constexpr int exit_usage = 2;         //!< the command line is wrong; nothing was touched
+constexpr int exit_interrupted = 130; //!< Ctrl-C or SIGTERM (128 + SIGINT, as shells report it)
+
+constexpr const char* exit_status_help =
+    "Sizes (--offset, --length, ...) are bytes or take K, M, G, T (binary), as in device strings.\n"
+    "\n"
+    "Exit status:\n"
+    "  0    done\n"
+    "  1    failed: the device, a file or the system refused or reported an error\n"
+    "       (an NVMe status, a short read, a --verify mismatch, a controller in use)\n"
+    "  2    the command line is wrong: an unknown command or option, a missing argument,\n"
+    "       a bad size, device string or PCI address; nothing was read or written\n"
+    "  130  interrupted (Ctrl-C); a load resumes when run again\n"
+    "With --json, reports and errors are JSON on standard output; when dump writes its\n"
+    "data there ('-'), reports and errors go to standard error.";
+
+//! Where reports (text or JSON) go: standard output, unless data goes there.
+std::FILE* report = stdout;
+
+void print_json(const json& j) {
+  const std::string text = j.dump(2) + "\n";
+  std::fputs(text.c_str(), report);
+  std::fflush(report);
+}
 
 std::string hex(std::uint64_t v, int width = 4) {
   char b[32];
@@ -355,6 +386,12 @@ int cmd_load(const common_options& co, const transfer_args& a) {
   bam::tools::progress_bar bar("load", !co.json && !co.quiet);
   const auto r = bam::load_dataset(c, a.file, dataset_opts(a, &bar));
   bar.finish();
+  const bam::device_spec spec = bam::parse_device(a.device);
+  if (spec.kind != bam::device_kind::pci && spec.media != bam::media_kind::file)
+    std::fprintf(stderr,
+                 "bam load: warning: %s keeps its data in this process's memory, which is gone when bam exits; "
+                 "to keep it, load onto emu:file=PATH,size=N or a /dev/bam-nvme device\n",
+                 a.device.c_str());
   if (co.json) {
     print_json(result_json("load", a, r));
     return 0;
@@ -383,14 +420,14 @@ int cmd_dump(const common_options& co, const transfer_args& a) {
     return 0;
   }
   if (a.file == "-") {
-    std::fprintf(stderr, "checksum %s\n", r.checksum.c_str());
+    std::fprintf(report, "checksum %s\n", r.checksum.c_str());
     return 0;
   }
-  std::printf("dumped %llu bytes of %s namespace %u at offset %llu to %s in %.2f s (%s/s)\n",
-              static_cast<unsigned long long>(r.bytes), a.device.c_str(), a.nsid,
-              static_cast<unsigned long long>(a.offset), a.file.c_str(), r.seconds,
-              human_bytes(r.seconds > 0 ? static_cast<double>(r.bytes) / r.seconds : 0).c_str());
-  std::printf("checksum %s\n", r.checksum.c_str());
+  std::fprintf(report, "dumped %llu bytes of %s namespace %u at offset %llu to %s in %.2f s (%s/s)\n",
+               static_cast<unsigned long long>(r.bytes), a.device.c_str(), a.nsid,
+               static_cast<unsigned long long>(a.offset), a.file.c_str(), r.seconds,
+               human_bytes(r.seconds > 0 ? static_cast<double>(r.bytes) / r.seconds : 0).c_str());
+  std::fprintf(report, "checksum %s\n", r.checksum.c_str());
   return 0;
 }
 
@@ -529,16 +566,79 @@ int cmd_map(const common_options& co, const map_args& a) {
   return 0;
 }
 
+// ---- help, usage errors ----------------------------------------------------------
+
+std::string command_names(CLI::App& app) {
+  std::string names;
+  for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    names += (names.empty() ? "" : ", ") + sub->get_name();
+  return names;
+}
+
+//! A mistake in the command line: one line on standard error (and JSON with
+//! --json), exit status 2.
+int usage_error(const common_options& co, CLI::App& app, std::string message) {
+  if (message.rfind("bam: ", 0) == 0) message.erase(0, 5);
+  const auto given = app.get_subcommands();
+  if (given.empty()) {
+    const auto rest = app.remaining();
+    if (rest.empty())
+      message = "no command given (commands: " + command_names(app) + "; see bam --help)";
+    else if (rest.front().rfind('-', 0) == 0)
+      message = "unknown option '" + rest.front() + "' (see bam --help)";
+    else
+      message = "unknown command '" + rest.front() + "' (commands: " + command_names(app) + "; see bam --help)";
+  } else if (message.find("(see ") == std::string::npos && message.back() != ')') {
+    message += " (see bam " + given.front()->get_name() + " --help)";
+  }
+  std::fprintf(stderr, "bam: %s\n", message.c_str());
+  if (co.json) print_json({{"error", "bam: " + message}, {"exit_status", exit_usage}});
+  return exit_usage;
+}
+
+//! `bam help [TOPIC]`: the main help, a command's, or the device strings'.
+int cmd_help(CLI::App& app, const std::string& topic) {
+  if (topic.empty()) {
+    std::cout << app.help();
+    return exit_ok;
+  }
+  if (topic == "devices" || topic == "device") {
+    std::printf("Device strings name what serves the NVMe queues and the media:\n"
+                "  emu:...        software controller, CPU engine threads (host I/O and GPU programs)\n"
+                "  emu-gpu:...    software controller served by GPU threads (GPU programs only)\n"
+                "  /dev/bam-nvme0[+/dev/bam-nvme1...]   controllers bound to bam_nvme (bam bind)\n"
+                "An emu string names one medium and any options, comma-separated:\n\n");
+    std::size_t w = 0;
+    for (const auto& o : bam::device_options)
+      w = std::max(w, o.form.size());
+    for (const auto& o : bam::device_options)
+      std::printf("  %-*s  %-14s  %s\n  %-*s  %-14s  e.g. %s\n", static_cast<int>(w), std::string(o.form).c_str(),
+                  std::string(o.applies).c_str(), std::string(o.meaning).c_str(), static_cast<int>(w), "", "",
+                  std::string(o.example).c_str());
+    std::printf("\nSIZE: bytes, or K, M, G, T (binary). RATE: K, M, G (decimal). TIME: ns, us, ms, s.\n");
+    return exit_ok;
+  }
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    if (sub->get_name() == topic) {
+      std::cout << sub->help(app.get_name());
+      return exit_ok;
+    }
+  std::fprintf(stderr, "bam: no help on '%s' (topics: devices, %s)\n", topic.c_str(), command_names(app).c_str());
+  return exit_usage;
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"bam: NVMe controllers for GPU programs. Lists, binds and identifies controllers; loads data "
                "sets onto a device and reads them back.\nDEVICE is a device string: /dev/bam-nvme0, "
-               "emu:file=/path/disk.img[,size=8G], emu:ram=64M"};
+               "emu:file=/path/disk.img[,size=8G], emu:ram=64M (every option: bam help devices)",
+               "bam"};
   app.require_subcommand(1);
   app.fallthrough();
+  app.set_version_flag("--version", "bam " BAM_VERSION, "print the version and exit");
   common_options co;
-  app.add_flag("--json", co.json, "machine-readable output");
+  app.add_flag("--json", co.json, "machine-readable output (errors too)");
   app.add_flag("-q,--quiet", co.quiet, "no progress bar");
   app.add_option("--root", co.root, "system root holding sys/ and proc/ (for tests)")->group("");
 
@@ -559,14 +659,23 @@ int main(int argc, char** argv) {
   smart->add_option("device", device, "device string")->required();
 
   transfer_args ta;
-  auto size_option = [](CLI::App* sub, const char* name, std::uint64_t& v, const char* help) {
-    return sub->add_option(name, v, help)->transform(CLI::AsSizeValue(false));
+  // Sizes are read by bam::parse_size once the command line is parsed: the
+  // units and messages of device strings.
+  struct size_arg {
+    std::string name, text;
+    std::uint64_t* target;
+    CLI::Option* option = nullptr;
+  };
+  std::deque<size_arg> sizes; // stays in place: options write into `text`
+  auto size_option = [&](CLI::App* sub, const std::string& name, std::uint64_t& v, const std::string& help) {
+    size_arg& a = sizes.emplace_back(size_arg{name, {}, &v});
+    a.option = sub->add_option(name, a.text, help + " (bytes, or K, M, G, T)")->type_name("SIZE");
+    return a.option;
   };
   auto* load = app.add_subcommand("load", "write a file onto a device (resumable: run it again after an interruption)");
   load->add_option("file", ta.file, "source file")->required()->check(CLI::ExistingFile);
   load->add_option("device", ta.device, "device string")->required();
-  size_option(load, "--offset", ta.offset,
-              "byte offset on the namespace (K, M, G suffixes; a multiple of the LBA size)");
+  size_option(load, "--offset", ta.offset, "byte offset on the namespace (a multiple of the LBA size)");
   load->add_option("--nsid", ta.nsid, "namespace")->check(CLI::Range(1u, 0xfffffffeu));
   size_option(load, "--chunk", ta.chunk, "bytes per command batch (default 1M)");
   load->add_option("--queues", ta.queues, "I/O queue pairs to use")->check(CLI::Range(1u, 1024u));
@@ -574,7 +683,8 @@ int main(int argc, char** argv) {
   load->add_flag("--restart", ta.restart, "ignore the state of an interrupted load and start over");
   load->add_option("--state", ta.state, "state file (default: FILE.bam-load)");
   size_option(load, "--max-rate", ta.max_rate, "bytes per second at most (default: no limit)");
-  auto* dump = app.add_subcommand("dump", "read a byte range of a device into a file ('-': standard output)");
+  auto* dump = app.add_subcommand(
+      "dump", "read a byte range of a device into a file ('-': standard output; reports then go to standard error)");
   dump->add_option("device", ta.device, "device string")->required();
   dump->add_option("file", ta.file, "output file")->required();
   size_option(dump, "--length", ta.length, "bytes to read")->required();
@@ -599,12 +709,49 @@ int main(int argc, char** argv) {
   map->add_flag("--allow-holes", ma.allow_holes, "read holes and unwritten extents as zeroes instead of refusing");
   map->add_flag("--verify", ma.verify, "read the whole file through the device and compare its checksum");
   map->add_option("--runs", ma.show_runs, "runs to print (default 16)");
+  std::string topic;
+  auto* help = app.add_subcommand("help", "this help, a command's ('bam help load'), or device strings ('bam help "
+                                          "devices')");
+  help->add_option("topic", topic, "devices, or a command");
+  app.footer(exit_status_help);
 
-  CLI11_PARSE(app, argc, argv);
+  // --json before the command applies to errors in the command line too.
+  for (int i = 1; i < argc && std::string(argv[i]) != "--"; ++i)
+    if (std::string(argv[i]) == "--json") co.json = true;
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return exit_ok;
+  } catch (const CLI::CallForAllHelp&) {
+    std::cout << app.help("", CLI::AppFormatMode::All);
+    return exit_ok;
+  } catch (const CLI::CallForVersion& v) {
+    if (co.json)
+      print_json({{"version", BAM_VERSION}});
+    else
+      std::cout << v.what() << "\n";
+    return exit_ok;
+  } catch (const CLI::ParseError& e) {
+    return usage_error(co, app, e.what());
+  }
 
   std::signal(SIGINT, on_interrupt);
   std::signal(SIGTERM, on_interrupt);
+  // What the command line says, checked before anything is opened: a
+  // mistake here is a usage error (exit status 2) and nothing is touched.
   try {
+    for (const size_arg& a : sizes)
+      if (a.option->count() != 0) *a.target = bam::parse_size(a.text, a.name);
+    for (const std::string* d : {&device, &ta.device, &ma.device})
+      if (!d->empty()) bam::parse_device(*d);
+    if (*bind || *unbind) pci = bam::tools::normalize_pci_address(pci);
+  } catch (const bam::error& e) {
+    return usage_error(co, app, e.what());
+  }
+  if (*dump && ta.file == "-") report = stderr; // the data owns standard output
+  try {
+    if (*help) return cmd_help(app, topic);
     if (*list) return cmd_list(co);
     const bam::tools::system_root root{co.root};
     if (*bind) return report_bind(co, bam::tools::bind_controller(root, pci, force), "bind");
@@ -616,13 +763,14 @@ int main(int argc, char** argv) {
     if (*checksum) return cmd_checksum(co, file);
     if (*map) return cmd_map(co, ma);
   } catch (const bam::error& e) {
+    const int status = e.errnum() == EINTR ? exit_interrupted : exit_failure;
     std::fprintf(stderr, "%s\n", e.what());
-    if (co.json) print_json({{"error", e.what()}, {"errno", e.errnum()}});
-    return e.errnum() == EINTR ? 130 : 1;
+    if (co.json) print_json({{"error", e.what()}, {"errno", e.errnum()}, {"exit_status", status}});
+    return status;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bam: %s\n", e.what());
-    if (co.json) print_json({{"error", e.what()}});
-    return 1;
+    if (co.json) print_json({{"error", std::string("bam: ") + e.what()}, {"exit_status", exit_failure}});
+    return exit_failure;
   }
-  return 0;
+  return exit_ok;
 }

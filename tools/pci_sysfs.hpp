@@ -83,7 +83,7 @@ inline std::string normalize_pci_address(const std::string& a) {
                    [](char ch) { return static_cast<char>(std::tolower(static_cast<unsigned char>(ch))); });
     return full;
   }
-  tool_fail("'" + a + "' is not a PCI address (expected e.g. 0000:01:00.0 or 01:00.0; see lspci -D)");
+  throw error::invalid_input("'" + a + "' is not a PCI address (write e.g. 0000:01:00.0 or 01:00.0; see lspci -D)");
 }
 
 inline std::string driver_of(const system_root& r, const std::string& addr) {

@@ -49,6 +49,17 @@ public:
     return error(preformatted{}, "bam: " + doing + ": " + w, e.context());
   }
 
+  //! A mistake in what a person wrote (a device string, a size, a file that
+  //! is not there): `message` says what was wrong and what to write instead.
+  //! errnum() is `errnum` (EINVAL unless given); the message leaves out the
+  //! errno text, which would only repeat it ("Invalid argument").
+  static error invalid_input(const std::string& message, int errnum = EINVAL, error_context ctx = {}) {
+    ctx.errnum = 0;
+    std::string text = format(message, ctx);
+    ctx.errnum = errnum;
+    return error(preformatted{}, std::move(text), std::move(ctx));
+  }
+
   const error_context& context() const noexcept { return ctx_; }
   //! NVMe status if the failure came from a completion (or a bam status).
   std::optional<nvme::status> status() const noexcept { return ctx_.status; }

@@ -4,6 +4,7 @@
 // resumed, Ctrl-C, and list/bind/unbind over a made-up sysfs tree (the real
 // ones run in the QEMU guest).
 #include <bam/host/dataset.hpp>
+#include <bam/transport/device_string.hpp>
 
 #include <catch2/catch_test_macros.hpp>
 #include <nlohmann/json.hpp>
@@ -14,6 +15,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -138,8 +141,8 @@ TEST_CASE("bam identify and smart on a software controller, text and JSON", "[cl
 TEST_CASE("bam reports bad device strings and bad arguments clearly", "[cli]") {
   temp_dir d;
   run_result r = run_bam(d, {"identify", "emu:ram=12Q"});
-  CHECK(r.status == 1);
-  CHECK(r.err.find("unknown unit in ram=12Q") != std::string::npos);
+  CHECK(r.status == 2);
+  CHECK(r.err.find("unknown size unit 'Q' in ram=12Q") != std::string::npos);
   r = run_bam(d, {"identify", "/dev/bam-nvme97"});
   CHECK(r.status == 1);
   CHECK(r.err.find("bind-nvme") != std::string::npos); // says how to get the device
@@ -154,7 +157,7 @@ TEST_CASE("bam reports bad device strings and bad arguments clearly", "[cli]") {
   CHECK(r.status == 1);
   CHECK(json::parse(r.out)["error"].get<std::string>().find("do not fit") != std::string::npos);
   r = run_bam(d, {"bind", "not-an-address"});
-  CHECK(r.status == 1);
+  CHECK(r.status == 2);
   CHECK(r.err.find("is not a PCI address") != std::string::npos);
 }
 
@@ -381,4 +384,183 @@ TEST_CASE("bam map says which path reads a file, and --verify reads it that way"
     j = bam_json(d, {"map", d / "sparse", "--allow-holes", "--verify"});
     CHECK(j["verify"]["equal"] == true);
   }
+}
+
+namespace {
+
+std::size_t count_lines(const std::string& s) { return static_cast<std::size_t>(std::count(s.begin(), s.end(), '\n')); }
+
+} // namespace
+
+TEST_CASE("bam refuses negative sizes and takes the device string's size units", "[cli][sizes]") {
+  temp_dir d;
+  random_file(d / "src", 4096, 7);
+  run_result r = run_bam(d, {"load", d / "src", "emu:ram=64M", "--offset", "-1"});
+  CHECK(r.status == 2);
+  CHECK(r.err == "bam: --offset -1 is negative (a size counts up from 0, e.g. --offset 64M)\n");
+  CHECK(r.out.empty());
+  r = run_bam(d, {"dump", "emu:ram=64M", d / "out", "--length", "512", "--offset", "-1"});
+  CHECK(r.status == 2);
+  CHECK(r.err.find("--offset -1 is negative") != std::string::npos);
+  CHECK(r.err.find("18446744073709551615") == std::string::npos);
+  CHECK_FALSE(fs::exists(d / "out")); // refused before anything was opened
+  r = run_bam(d, {"dump", "emu:ram=64M", d / "out", "--length", "-512"});
+  CHECK(r.status == 2);
+  CHECK(r.err.find("--length -512 is negative") != std::string::npos);
+
+  // The units of --offset are those of device strings, with the same words.
+  r = run_bam(d, {"load", d / "src", "emu:ram=64M", "--offset", "1P"});
+  CHECK(r.status == 2);
+  CHECK(r.err == "bam: unknown size unit 'P' in --offset 1P (use K, M, G or T, e.g. --offset 1G)\n");
+  const run_result dev = run_bam(d, {"identify", "emu:ram=1P"});
+  CHECK(dev.status == 2);
+  CHECK(dev.err.find("unknown size unit 'P' in ram=1P (use K, M, G or T, e.g. emu:ram=1G)") != std::string::npos);
+  for (const char* v : {"4096", "4K", "4k", "4KiB", "4KB"}) {
+    const json j = bam_json(d, {"load", d / "src", "emu:ram=64M", "--offset", v});
+    CHECK(j["offset"] == bam::parse_size(v));
+    CHECK(j["offset"] == bam::parse_device(std::string("emu:file=x,size=") + v).bytes);
+  }
+  const json j = bam_json(d, {"dump", "emu:ram=64M", d / "out", "--length", "1K", "--chunk", "512"});
+  CHECK(j["bytes"] == 1024);
+}
+
+TEST_CASE("bam dump to standard output: the data alone there, reports on standard error", "[cli][stdout]") {
+  temp_dir d;
+  run_result r = run_bam(d, {"--json", "dump", "emu:ram=64M", "-", "--length", "512"});
+  CHECK(r.status == 0);
+  CHECK(r.out == std::string(512, '\0'));
+  const json report = json::parse(r.err);
+  CHECK(report["bytes"] == 512);
+  CHECK(report["file"] == "-");
+  r = run_bam(d, {"dump", "emu:ram=64M", "-", "--length", "1024"});
+  CHECK(r.status == 0);
+  CHECK(r.out == std::string(1024, '\0'));
+  CHECK(r.err.rfind("checksum xxh128:", 0) == 0);
+  // An error while the data owns standard output goes to standard error too.
+  r = run_bam(d, {"--json", "dump", "emu:ram=1M", "-", "--length", "2M"});
+  CHECK(r.status == 1);
+  CHECK(r.out.empty());
+  CHECK(r.err.find("\"error\"") != std::string::npos);
+  CHECK(r.err.find("do not fit") != std::string::npos);
+}
+
+TEST_CASE("bam exit status: 0 done, 1 failed, 2 a wrong command line; --version; JSON errors", "[cli][usage]") {
+  temp_dir d;
+  run_result r = run_bam(d, {"frobnicate"});
+  CHECK(r.status == 2);
+  CHECK(r.err.find("bam: unknown command 'frobnicate' (commands: list, bind, unbind, identify, smart, load, dump, "
+                   "checksum, map, help; see bam --help)") == 0);
+  CHECK(count_lines(r.err) == 1);
+  r = run_bam(d, {});
+  CHECK(r.status == 2);
+  CHECK(r.err.find("no command given") != std::string::npos);
+  r = run_bam(d, {"--frobnicate"});
+  CHECK(r.status == 2);
+  CHECK(r.err.find("unknown option '--frobnicate'") != std::string::npos);
+  r = run_bam(d, {"identify"});
+  CHECK(r.status == 2);
+  CHECK(r.err == "bam: device is required (see bam identify --help)\n");
+  r = run_bam(d, {"load", "/nonexistent/file", "emu:ram=1M"});
+  CHECK(r.status == 2);
+  r = run_bam(d, {"dump", "emu:ram=1M", d / "out", "--length", "512", "--queues", "0"});
+  CHECK(r.status == 2);
+  r = run_bam(d, {"dump", "emu:ram=1M", d / "out", "--length", "2M"}); // the device refuses: not a usage error
+  CHECK(r.status == 1);
+
+  // With --json, mistakes in the command line are JSON too.
+  r = run_bam(d, {"--json", "frobnicate"});
+  CHECK(r.status == 2);
+  json j = json::parse(r.out);
+  CHECK(j["exit_status"] == 2);
+  CHECK(j["error"].get<std::string>().find("unknown command 'frobnicate'") != std::string::npos);
+  r = run_bam(d, {"--json", "identify", "emu:ram=12Q"});
+  CHECK(r.status == 2);
+  j = json::parse(r.out);
+  CHECK(j["error"].get<std::string>().find("unknown size unit 'Q'") != std::string::npos);
+  r = run_bam(d, {"--json", "load", d / "nothing", "emu:ram=1M"});
+  CHECK(r.status == 2);
+  CHECK(json::parse(r.out)["exit_status"] == 2);
+
+  r = run_bam(d, {"--version"});
+  CHECK(r.status == 0);
+  CHECK(r.out.rfind("bam ", 0) == 0);
+  CHECK(std::isdigit(static_cast<unsigned char>(r.out.at(4))));
+  CHECK(json::parse(run_bam(d, {"--json", "--version"}).out)["version"] == r.out.substr(4, r.out.size() - 5));
+
+  // The help says all of it.
+  r = run_bam(d, {"--help"});
+  CHECK(r.status == 0);
+  for (const char* part : {"Exit status:", "  0    done", "  1    failed", "  2    the command line is wrong",
+                           "  130  interrupted", "bam help devices", "--version"})
+    CHECK(r.out.find(part) != std::string::npos);
+  r = run_bam(d, {"help", "load"});
+  CHECK(r.status == 0);
+  CHECK(r.out.find("Usage: bam load") != std::string::npos);
+}
+
+TEST_CASE("bam's errors are one line: what is wrong and what to write instead", "[cli][usage]") {
+  temp_dir d;
+  run_result r = run_bam(d, {"identify", "emu:ram=12Q"});
+  CHECK(r.err ==
+        "bam: device string 'emu:ram=12Q': unknown size unit 'Q' in ram=12Q (use K, M, G or T, e.g. emu:ram=12G)\n");
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"identify", "tcp:foo"},
+                                             {"identify", "emu:ram=64M,frobnicate=3"},
+                                             {"smart", "emu:ram=1000"},
+                                             {"identify", "emu:hbm=1G"},
+                                             {"identify", "emu:ram=64M,queues=0"},
+                                             {"bind", "zz"}}) {
+    r = run_bam(d, args);
+    INFO(args[1] << ": " << r.err);
+    CHECK(r.status == 2);
+    CHECK(count_lines(r.err) == 1);
+    CHECK(r.err.find("errno") == std::string::npos);
+    CHECK(r.err.find("emu-gpu:ram=16G,ssds=4 |") == std::string::npos); // no list of examples
+    CHECK(r.err.find(" (") != std::string::npos);                       // says what to write instead
+  }
+  // A file that is not there: how to create it.
+  r = run_bam(d, {"identify", "emu:file=" + d / "new.img"});
+  CHECK(r.status == 1);
+  CHECK(r.err == "bam: emu:file=" + d / "new.img" + ": no such file " + d / "new.img" +
+                     "; add size=... to create it (e.g. emu:file=" + d / "new.img" + ",size=1G)\n");
+  CHECK(run_bam(d, {"identify", "emu:file=" + d / "new.img" + ",size=1M"}).status == 0);
+  // An offset the namespace cannot take.
+  random_file(d / "src", 4096, 8);
+  r = run_bam(d, {"load", d / "src", "emu:ram=1M", "--offset", "100"});
+  CHECK(r.status == 1);
+  CHECK(r.err == "bam: offset 100 is not a multiple of the LBA size (512 bytes) of namespace 1 (e.g. 0 or 512): "
+                 "controller emu0\n");
+}
+
+TEST_CASE("bam help devices and docs/transports.md list every device-string option", "[cli][help]") {
+  temp_dir d;
+  const run_result r = run_bam(d, {"help", "devices"});
+  CHECK(r.status == 0);
+  std::ifstream f(std::string(BAM_SOURCE_DIR) + "/docs/transports.md");
+  REQUIRE(f);
+  const std::string docs{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+  for (const auto& o : bam::device_options) {
+    const std::string form(o.form), example(o.example);
+    INFO(form);
+    CHECK(r.out.find("  " + form + " ") != std::string::npos);
+    CHECK(r.out.find("e.g. " + example + "\n") != std::string::npos);
+    CHECK(docs.find("| `" + form + "` |") != std::string::npos);
+  }
+  for (const char* units : {"SIZE: bytes, or K, M, G, T", "RATE: K, M, G", "TIME: ns, us, ms, s"})
+    CHECK(r.out.find(units) != std::string::npos);
+}
+
+TEST_CASE("bam load warns when the device keeps nothing after the command", "[cli][load]") {
+  temp_dir d;
+  random_file(d / "src", 4096, 9);
+  run_result r = run_bam(d, {"load", d / "src", "emu:ram=1M"});
+  CHECK(r.status == 0);
+  CHECK(r.err.find("bam load: warning: emu:ram=1M keeps its data in this process's memory, which is gone when bam "
+                   "exits") != std::string::npos);
+  r = run_bam(d, {"--quiet", "--json", "load", d / "src", "emu:ram=1M"});
+  CHECK(r.err.find("warning") != std::string::npos); // a warning, not progress: --quiet keeps it
+  CHECK(json::parse(r.out)["bytes"] == 4096);
+  r = run_bam(d, {"load", d / "src", "emu:file=" + d / "disk.img" + ",size=1M"});
+  CHECK(r.status == 0);
+  CHECK(r.err.find("warning") == std::string::npos);
 }

@@ -15,6 +15,8 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,11 +34,19 @@ inline std::shared_ptr<media> open_media(const device_spec& spec, std::uint32_t 
   if (spec.media == media_kind::file) {
     const std::string path = spec.ssds == 1 ? spec.path : spec.path + "." + std::to_string(index);
     struct stat st {};
-    if (::stat(path.c_str(), &st) == 0 && S_ISBLK(st.st_mode))
-      return make_block_media(path, spec.bytes, /*direct=*/true, spec.read_only);
+    const bool exists = ::stat(path.c_str(), &st) == 0;
+    if (exists && S_ISBLK(st.st_mode)) return make_block_media(path, spec.bytes, /*direct=*/true, spec.read_only);
     // size= creates or extends the file; without it the file must exist.
-    return make_file_media(path, spec.bytes, /*create=*/spec.bytes != 0 && !spec.read_only, /*direct=*/true,
-                           spec.read_only);
+    const bool create = spec.bytes != 0 && !spec.read_only;
+    std::filesystem::path dir = std::filesystem::path(path).parent_path();
+    std::error_code ec;
+    if (!exists && !create && errno == ENOENT && std::filesystem::is_directory(dir.empty() ? "." : dir, ec)) {
+      if (spec.read_only) throw error::invalid_input(spec.text + ": no such file " + path, ENOENT);
+      throw error::invalid_input(spec.text + ": no such file " + path + "; add size=... to create it (e.g. " +
+                                     spec.text + ",size=1G)",
+                                 ENOENT);
+    }
+    return make_file_media(path, spec.bytes, create, /*direct=*/true, spec.read_only);
   }
   if (spec.media == media_kind::ram) return make_ram_media(spec.bytes);
   error_context c;

@@ -14,8 +14,10 @@
 //!
 //! Common options: `ssds=N` (N controllers, pages striped over them; emu only),
 //! `lba=512|4096`, `queues=N` (I/O queue pairs per controller), `depth=N`
-//! (entries per queue), `threads=N` (CPU engine threads), `timeout=10s`.
-//! Sizes take K, M, G, T (binary); rates K, M (decimal); times ns, us, ms, s.
+//! (entries per queue), `threads=N` (CPU engine threads), `timeout=10s`;
+//! every option is in `device_options` below.
+//! Sizes take K, M, G, T (binary; `parse_size`, which the bam command's sizes
+//! use too); rates K, M, G (decimal); times ns, us, ms, s.
 //!
 //! @code
 //!   bam::device_spec s = bam::parse_device("emu-gpu:hbm=4G,ssds=2");
@@ -29,6 +31,8 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -85,90 +89,182 @@ struct device_spec {
 
 namespace detail {
 
-[[noreturn]] inline void bad_device(const std::string& text, const std::string& why) {
-  error_context c;
-  c.errnum = EINVAL;
-  throw error("device string '" + text + "': " + why +
-                  " (expected e.g. emu-gpu:ram=16G,ssds=4 | emu-gpu:hbm=4G | emu-gpu:null=1T | "
-                  "emu:file=/path[,size=8G] | emu:ram=64M | /dev/bam-nvme0)",
-              c);
+//! A unit suffix (matched without regard to case) and what it multiplies by.
+struct unit {
+  std::string_view suffix;
+  std::uint64_t multiplier;
+};
+
+//! A kind of number that device strings and the bam command read: its
+//! units, and how messages name them.
+struct quantity {
+  std::string_view name;       //!< "size", "rate", "time", "count"
+  std::span<const unit> units; //!< "" among them: the unit may be left out
+  std::string_view unit_list;  //!< for messages: "K, M, G or T"
+  std::string_view unit_hint;  //!< the unit an example adds to bare digits
+  std::string_view example;    //!< a whole value, for messages
+};
+
+inline constexpr std::uint64_t kib = 1024;
+inline constexpr unit size_units[] = {
+    {"", 1},
+    {"B", 1},
+    {"K", kib},
+    {"KB", kib},
+    {"KiB", kib},
+    {"M", kib* kib},
+    {"MB", kib* kib},
+    {"MiB", kib* kib},
+    {"G", kib* kib* kib},
+    {"GB", kib* kib* kib},
+    {"GiB", kib* kib* kib},
+    {"T", kib* kib* kib* kib},
+    {"TB", kib* kib* kib* kib},
+    {"TiB", kib* kib* kib* kib},
+};
+inline constexpr unit rate_units[] = {{"", 1}, {"K", 1000}, {"M", 1000000}, {"G", 1000000000}};
+inline constexpr unit time_units[] = {{"ns", 1}, {"us", 1000}, {"ms", 1000000}, {"s", 1000000000}};
+inline constexpr unit count_units[] = {{"", 1}};
+
+inline constexpr quantity size_quantity{"size", size_units, "K, M, G or T", "G", "64M"};
+inline constexpr quantity rate_quantity{"rate", rate_units, "K, M or G", "K", "1M"};
+inline constexpr quantity time_quantity{"time", time_units, "ns, us, ms or s", "us", "10s"};
+inline constexpr quantity count_quantity{"count", count_units, "", "", "4"};
+
+inline bool same_letters(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const auto up = [](char c) { return c >= 'a' && c <= 'z' ? static_cast<char>(c - 'a' + 'A') : c; };
+    if (up(a[i]) != up(b[i])) return false;
+  }
+  return true;
 }
 
-//! A number with an optional suffix: `units` lists (suffix, multiplier) pairs.
-inline std::uint64_t parse_number(const std::string& text, std::string_view key, std::string_view v,
-                                  std::initializer_list<std::pair<std::string_view, std::uint64_t>> units) {
+//! Why a value was refused: what is wrong with it, and what to write
+//! instead (ending in an example).
+struct value_problem {
+  std::string problem;
+  std::string hint;
+};
+
+//! `v` read as quantity `q`, or the problem with it. `shown` names the value
+//! in messages ("ram=12Q", "--offset 12Q"); `rewrite(w)` is what the person
+//! would write with `w` in place of `v` (the whole device string, or
+//! "--offset w").
+template <class Rewrite>
+std::optional<std::uint64_t> read_quantity(std::string_view v, const quantity& q, std::string_view shown,
+                                           const Rewrite& rewrite, value_problem& why) {
+  const std::string in = " in " + std::string(shown);
+  if (!v.empty() && v.front() == '-') {
+    why = {std::string(shown) + " is negative",
+           "a " + std::string(q.name) + " counts up from 0, e.g. " + rewrite(q.example)};
+    return std::nullopt;
+  }
   std::size_t i = 0;
   std::uint64_t n = 0;
-  while (i < v.size() && v[i] >= '0' && v[i] <= '9') {
+  for (; i < v.size() && v[i] >= '0' && v[i] <= '9'; ++i) {
     const std::uint64_t d = static_cast<std::uint64_t>(v[i] - '0');
-    if (n > (UINT64_MAX - d) / 10) bad_device(text, std::string(key) + "=" + std::string(v) + " overflows");
-    n = n * 10 + d;
-    ++i;
-  }
-  if (i == 0) bad_device(text, std::string(key) + "=" + std::string(v) + " is not a number");
-  std::string suffix(v.substr(i));
-  for (auto& ch : suffix)
-    if (ch >= 'a' && ch <= 'z') ch = static_cast<char>(ch - 'a' + 'A');
-  for (const auto& [s, mult] : units) {
-    std::string su(s);
-    for (auto& ch : su)
-      if (ch >= 'a' && ch <= 'z') ch = static_cast<char>(ch - 'a' + 'A');
-    if (suffix == su) {
-      if (mult != 0 && n > UINT64_MAX / mult) bad_device(text, std::string(key) + "=" + std::string(v) + " overflows");
-      return n * mult;
+    if (n > (UINT64_MAX - d) / 10) {
+      why = {std::string(shown) + " overflows 64 bits", "e.g. " + rewrite(q.example)};
+      return std::nullopt;
     }
+    n = n * 10 + d;
   }
-  bad_device(text, "unknown unit in " + std::string(key) + "=" + std::string(v));
+  if (i == 0) {
+    why = {std::string(shown) + " is not a number", "e.g. " + rewrite(q.example)};
+    return std::nullopt;
+  }
+  const std::string_view digits = v.substr(0, i), suffix = v.substr(i);
+  for (const unit& u : q.units) {
+    if (!same_letters(suffix, u.suffix)) continue;
+    if (u.multiplier != 0 && n > UINT64_MAX / u.multiplier) {
+      why = {std::string(shown) + " overflows 64 bits", "e.g. " + rewrite(q.example)};
+      return std::nullopt;
+    }
+    return n * u.multiplier;
+  }
+  const std::string fixed = std::string(digits) + std::string(q.unit_hint);
+  if (q.unit_list.empty())
+    why = {"unit '" + std::string(suffix) + "'" + in,
+           "a " + std::string(q.name) + " takes none, e.g. " + rewrite(digits)};
+  else if (suffix.empty())
+    why = {"no " + std::string(q.name) + " unit" + in, "use " + std::string(q.unit_list) + ", e.g. " + rewrite(fixed)};
+  else
+    why = {"unknown " + std::string(q.name) + " unit '" + std::string(suffix) + "'" + in,
+           "use " + std::string(q.unit_list) + ", e.g. " + rewrite(fixed)};
+  return std::nullopt;
 }
 
-inline std::uint64_t parse_size(const std::string& t, std::string_view k, std::string_view v) {
-  constexpr std::uint64_t K = 1024;
-  return parse_number(t, k, v,
-                      {{"", 1},
-                       {"B", 1},
-                       {"K", K},
-                       {"KB", K},
-                       {"KIB", K},
-                       {"M", K * K},
-                       {"MB", K * K},
-                       {"MIB", K * K},
-                       {"G", K * K * K},
-                       {"GB", K * K * K},
-                       {"GIB", K * K * K},
-                       {"T", K * K * K * K},
-                       {"TB", K * K * K * K},
-                       {"TIB", K * K * K * K}});
-}
-inline std::uint64_t parse_rate(const std::string& t, std::string_view k, std::string_view v) {
-  return parse_number(t, k, v, {{"", 1}, {"K", 1000}, {"M", 1000000}, {"G", 1000000000}});
-}
-inline std::uint64_t parse_time(const std::string& t, std::string_view k, std::string_view v) {
-  return parse_number(t, k, v, {{"NS", 1}, {"US", 1000}, {"MS", 1000000}, {"S", 1000000000}});
-}
-inline std::uint32_t parse_count(const std::string& t, std::string_view k, std::string_view v, std::uint64_t lo,
-                                 std::uint64_t hi) {
-  const std::uint64_t n = parse_number(t, k, v, {{"", 1}});
-  if (n < lo || n > hi)
-    bad_device(t, std::string(k) + "=" + std::string(v) + " outside [" + std::to_string(lo) + ", " +
-                      std::to_string(hi) + "]");
-  return static_cast<std::uint32_t>(n);
+[[noreturn]] inline void bad_device(const std::string& text, const std::string& problem, const std::string& hint) {
+  throw error::invalid_input("device string '" + text + "': " + problem + " (" + hint + ")");
 }
 
 } // namespace detail
 
-//! Parse a device string; throws `bam::error` (EINVAL) saying what is wrong.
+//! A byte count written as device strings write sizes: 4096, 64K, 1G, 2T
+//! (binary units; B, KB, KiB forms and lower case too). Every size bam reads
+//! goes through here. `option` names the value in messages ("--offset");
+//! throws `bam::error` (EINVAL) saying what to write instead.
+inline std::uint64_t parse_size(std::string_view v, std::string_view option = {}) {
+  const std::string prefix = option.empty() ? std::string() : std::string(option) + " ";
+  detail::value_problem why;
+  const auto n = detail::read_quantity(
+      v, detail::size_quantity, prefix + std::string(v), [&](std::string_view w) { return prefix + std::string(w); },
+      why);
+  if (!n) throw error::invalid_input(why.problem + " (" + why.hint + ")");
+  return *n;
+}
+
+//! One option of device strings, for references (`bam help devices`).
+struct device_option {
+  std::string_view form;    //!< "ram=SIZE"
+  std::string_view applies; //!< which device strings take it
+  std::string_view meaning;
+  std::string_view example; //!< a device string that uses it
+};
+
+//! Every option `parse_device` takes, media first.
+inline constexpr device_option device_options[] = {
+    {"ram=SIZE", "emu:, emu-gpu:", "media in host RAM (pinned for emu-gpu:), SIZE per controller", "emu:ram=64M"},
+    {"hbm=SIZE", "emu-gpu:", "media in GPU memory", "emu-gpu:hbm=4G"},
+    {"null=SIZE", "emu-gpu:", "no media: commands complete without moving data", "emu-gpu:null=1T"},
+    {"file=PATH", "emu:", "a file or block device, O_DIRECT (io_uring with liburing)",
+     "emu:file=/data/disk.img,size=8G"},
+    {"extents=PATH", "emu:", "a file read from the raw disk under it through its extent map; read-only",
+     "emu:extents=/data/features.bin"},
+    {"size=SIZE", "file=", "create or extend the file to SIZE; without it the file must exist",
+     "emu:file=disk.img,size=1G"},
+    {"ro", "file=", "read-only: writes are answered Namespace is Write Protected", "emu:file=/dev/nvme0n1,ro"},
+    {"holes", "extents=", "holes and unwritten extents read as zeroes instead of being refused",
+     "emu:extents=/data/features.bin,holes"},
+    {"ssds=N", "emu:, emu-gpu:", "N controllers (1-64), pages striped over them; file= uses PATH.0, PATH.1, ...",
+     "emu-gpu:ram=16G,ssds=4"},
+    {"lba=BYTES", "emu:, emu-gpu:", "LBA size: a power of two, 512 (default) to 65536", "emu:ram=64M,lba=4096"},
+    {"queues=N", "emu:, emu-gpu:", "I/O queue pairs per controller (1-65535, default 128)", "emu:ram=64M,queues=8"},
+    {"depth=N", "emu:, emu-gpu:", "entries per queue (2-65536, default 256)", "emu:ram=64M,depth=1024"},
+    {"threads=N", "emu:", "CPU engine threads per controller (1-1024, default 4)", "emu:ram=64M,threads=2"},
+    {"iops=RATE", "emu-gpu:", "SSD model: commands per second per controller (K, M, G: decimal)",
+     "emu-gpu:ram=1G,iops=1M"},
+    {"latency=TIME", "emu-gpu:", "SSD model: latency of each command (ns, us, ms, s)", "emu-gpu:ram=1G,latency=80us"},
+    {"timeout=TIME", "emu:, emu-gpu:", "command timeout (ns, us, ms, s; default 10s)", "emu:ram=64M,timeout=30s"},
+};
+
+//! Parse a device string; throws `bam::error` (EINVAL) whose one line says
+//! what is wrong and what to write instead.
 inline device_spec parse_device(const std::string& text) {
   using namespace detail;
   device_spec s;
   s.text = text;
-  if (text.empty()) bad_device(text, "empty");
+  if (text.empty())
+    bad_device(text, "empty", "write e.g. emu:ram=64M, emu:file=/path/disk.img,size=8G or /dev/bam-nvme0");
   if (text.front() == '/') {
     s.kind = device_kind::pci;
     std::string_view rest(text);
     while (!rest.empty()) {
       const auto plus = rest.find('+');
       const std::string_view dev = rest.substr(0, plus);
-      if (dev.empty() || dev.front() != '/') bad_device(text, "a device node must be an absolute path");
+      if (dev.empty() || dev.front() != '/')
+        bad_device(text, "a device node must be an absolute path", "e.g. /dev/bam-nvme0+/dev/bam-nvme1");
       s.devices.emplace_back(dev);
       if (plus == std::string_view::npos) break;
       rest.remove_prefix(plus + 1);
@@ -183,77 +279,138 @@ inline device_spec parse_device(const std::string& text) {
   else if (scheme == "emu")
     s.kind = device_kind::emu_cpu;
   else
-    bad_device(text, "unknown transport '" + scheme + "'");
-  if (colon == std::string::npos || colon + 1 == text.size()) bad_device(text, "no media given");
+    bad_device(text, "unknown transport '" + scheme + "'",
+               "use emu:, emu-gpu: or a device node such as /dev/bam-nvme0, e.g. emu:ram=64M");
+  const std::string scheme_colon = scheme + ":";
+  const char* media_hint = s.kind == device_kind::emu_gpu ? "add ram=, hbm= or null= and a size, e.g. emu-gpu:ram=1G"
+                                                          : "add ram=SIZE or file=PATH, e.g. emu:ram=64M";
+  if (colon == std::string::npos || colon + 1 == text.size()) bad_device(text, "no media given", media_hint);
   std::string_view opts(text);
   opts.remove_prefix(colon + 1);
   bool have_media = false, have_size = false;
+  std::string media_key;
   while (!opts.empty()) {
     const auto comma = opts.find(',');
     const std::string_view item = opts.substr(0, comma);
+    const std::size_t item_at = static_cast<std::size_t>(item.data() - text.data());
+    // The device string with this item replaced (for examples in messages).
+    auto with_item = [&](std::string_view replacement) {
+      std::string t = text.substr(0, item_at);
+      t += replacement;
+      t += text.substr(item_at + item.size());
+      return t;
+    };
+    auto next = [&] {
+      if (comma == std::string_view::npos) return false;
+      opts.remove_prefix(comma + 1);
+      return true;
+    };
     if (item == "ro" || item == "holes") {
       if (s.kind != device_kind::emu_cpu)
-        bad_device(text, std::string(item) + " applies to file media (emu:file=...,ro)");
+        bad_device(text, std::string(item) + " applies to file media",
+                   item == "ro" ? "e.g. emu:file=/path/disk.img,ro" : "e.g. emu:extents=/path/file,holes");
       (item == "ro" ? s.read_only : s.holes) = true;
-      if (comma == std::string_view::npos) break;
-      opts.remove_prefix(comma + 1);
+      if (!next()) break;
       continue;
     }
+    auto keys = [] {
+      std::string list;
+      for (const auto& o : device_options)
+        list += (list.empty() ? "" : ", ") + std::string(o.form.substr(0, o.form.find('=')));
+      return list;
+    };
     const auto eq = item.find('=');
-    if (eq == std::string_view::npos || eq == 0) bad_device(text, "'" + std::string(item) + "' is not key=value");
+    if (item.empty()) bad_device(text, "an empty option", "remove the extra comma");
+    if (eq == std::string_view::npos || eq == 0)
+      bad_device(text, "'" + std::string(item) + "' is not an option", "options: " + keys());
     const std::string_view k = item.substr(0, eq), v = item.substr(eq + 1);
-    if (v.empty()) bad_device(text, std::string(k) + " has no value");
+    const std::string key(k);
+    auto rewrite = [&](std::string_view w) { return with_item(key + "=" + std::string(w)); };
+    auto number = [&](const quantity& q) {
+      value_problem why;
+      const auto n = read_quantity(v, q, item, rewrite, why);
+      if (!n) bad_device(text, why.problem, why.hint);
+      return *n;
+    };
+    auto count = [&](std::uint64_t lo, std::uint64_t hi) {
+      const std::uint64_t n = number(count_quantity);
+      if (n < lo || n > hi)
+        bad_device(text, std::string(item) + " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]",
+                   "e.g. " + rewrite(std::to_string(n < lo ? lo : hi)));
+      return static_cast<std::uint32_t>(n);
+    };
+    if (v.empty()) {
+      std::string example = "e.g. " + std::string(device_options[0].example);
+      for (const auto& o : device_options)
+        if (o.form.substr(0, o.form.find('=')) == k) example = "e.g. " + std::string(o.example);
+      bad_device(text, key + " has no value", example);
+    }
     auto media = [&](media_kind m) {
-      if (have_media) bad_device(text, "more than one media given");
+      if (have_media)
+        bad_device(text, "more than one media given (" + media_key + "= and " + key + "=)",
+                   "a device string names one medium; ssds=N makes N controllers of it");
       have_media = true;
+      media_key = key;
       s.media = m;
     };
     if (k == "ram" || k == "hbm" || k == "null") {
       if (k != "ram" && s.kind != device_kind::emu_gpu)
-        bad_device(text, std::string(k) + " media needs the GPU engine (emu-gpu:)");
+        bad_device(text, key + " media needs the GPU engine", "write emu-gpu:" + std::string(item));
       media(k == "ram" ? media_kind::ram : k == "hbm" ? media_kind::hbm : media_kind::null);
-      s.bytes = parse_size(text, k, v);
-      if (s.bytes == 0) bad_device(text, std::string(k) + " size is zero");
+      s.bytes = number(size_quantity);
+      if (s.bytes == 0) bad_device(text, key + " size is zero", "e.g. " + rewrite("64M"));
     } else if (k == "file" || k == "extents") {
-      if (s.kind != device_kind::emu_cpu) bad_device(text, std::string(k) + " media needs the CPU engine (emu:)");
+      if (s.kind != device_kind::emu_cpu)
+        bad_device(text, key + " media needs the CPU engine", "write emu:" + std::string(item));
       media(media_kind::file);
       s.path = std::string(v);
       if (k == "extents") s.extents = s.read_only = true;
     } else if (k == "size") {
-      s.bytes = parse_size(text, k, v);
+      s.bytes = number(size_quantity);
       have_size = true;
     } else if (k == "ssds") {
-      s.ssds = parse_count(text, k, v, 1, 64);
+      s.ssds = count(1, 64);
     } else if (k == "lba") {
-      s.lba_size = parse_count(text, k, v, 512, 65536);
-      if (s.lba_size & (s.lba_size - 1)) bad_device(text, "lba must be a power of two");
+      s.lba_size = count(512, 65536);
+      if (s.lba_size & (s.lba_size - 1))
+        bad_device(text, "lba must be a power of two", "e.g. " + rewrite("512") + " or " + rewrite("4096"));
     } else if (k == "queues") {
-      s.io_queues = parse_count(text, k, v, 1, 65535);
+      s.io_queues = count(1, 65535);
     } else if (k == "depth") {
-      s.queue_depth = parse_count(text, k, v, 2, 65536);
+      s.queue_depth = count(2, 65536);
     } else if (k == "threads") {
-      s.threads = parse_count(text, k, v, 1, 1024);
-    } else if (k == "iops") {
-      if (s.kind != device_kind::emu_gpu) bad_device(text, "iops= is a GPU-engine model option");
-      s.iops = parse_rate(text, k, v);
-    } else if (k == "latency") {
-      if (s.kind != device_kind::emu_gpu) bad_device(text, "latency= is a GPU-engine model option");
-      s.latency_ns = parse_time(text, k, v);
+      s.threads = count(1, 1024);
+    } else if (k == "iops" || k == "latency") {
+      if (s.kind != device_kind::emu_gpu)
+        bad_device(text, key + "= is a GPU-engine model option",
+                   "the CPU engine has no SSD model; e.g. emu-gpu:ram=1G," + std::string(item));
+      if (k == "iops")
+        s.iops = number(rate_quantity);
+      else
+        s.latency_ns = number(time_quantity);
     } else if (k == "timeout") {
-      s.timeout_ns = parse_time(text, k, v);
+      s.timeout_ns = number(time_quantity);
     } else {
-      bad_device(text, "unknown option '" + std::string(k) + "'");
+      bad_device(text, "unknown option '" + key + "'", "options: " + keys());
     }
-    if (comma == std::string_view::npos) break;
-    opts.remove_prefix(comma + 1);
+    if (!next()) break;
   }
-  if (!have_media) bad_device(text, "no media given (ram=, hbm=, null= or file=)");
-  if (have_size && s.media != media_kind::file) bad_device(text, "size= applies to file media only");
-  if (s.read_only && s.media != media_kind::file) bad_device(text, "ro applies to file media only");
-  if (s.holes && !s.extents) bad_device(text, "holes applies to extents= media only");
-  if (s.extents && have_size) bad_device(text, "size= does not apply to extents= media: the file's size is used");
-  if (s.extents && s.ssds != 1) bad_device(text, "extents= media is one file: ssds=1");
-  if (s.bytes % s.lba_size != 0) bad_device(text, "media size is not a multiple of the LBA size");
+  if (!have_media) bad_device(text, "no media given", media_hint);
+  if (have_size && s.media != media_kind::file)
+    bad_device(text, "size= applies to file media only",
+               "give the size to " + media_key + "=, e.g. " + scheme_colon + media_key + "=64M");
+  if (s.read_only && s.media != media_kind::file)
+    bad_device(text, "ro applies to file media only", "e.g. emu:file=/path/disk.img,ro");
+  if (s.holes && !s.extents) bad_device(text, "holes applies to extents= media only", "e.g. emu:extents=/path,holes");
+  if (s.extents && have_size)
+    bad_device(text, "size= does not apply to extents= media", "the file's own size is used: remove size=");
+  if (s.extents && s.ssds != 1) bad_device(text, "extents= media is one file", "remove ssds= (or write ssds=1)");
+  if (s.bytes % s.lba_size != 0)
+    bad_device(text,
+               "media size " + std::to_string(s.bytes) + " is not a multiple of the LBA size " +
+                   std::to_string(s.lba_size),
+               "round it to a multiple of " + std::to_string(s.lba_size) + ", e.g. " +
+                   std::to_string((s.bytes / s.lba_size + 1) * s.lba_size));
   return s;
 }
 

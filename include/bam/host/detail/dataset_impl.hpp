@@ -101,10 +101,18 @@ inline transfer_plan plan_transfer(controller& c, std::uint64_t bytes, const dat
   p.lba_size = ns.lba_size;
   p.bytes = bytes;
   p.chunk_bytes = o.chunk_bytes;
-  auto fail = [&](const std::string& why) { dataset_fail(why, EINVAL, c.name()); };
+  // Mistakes in what was asked for: no errno text, which would say only
+  // "Invalid argument".
+  auto fail = [&](const std::string& why) {
+    error_context ctx;
+    ctx.controller = c.name();
+    throw error::invalid_input(why, EINVAL, ctx);
+  };
   if (o.offset % ns.lba_size != 0)
     fail("offset " + std::to_string(o.offset) + " is not a multiple of the LBA size (" + std::to_string(ns.lba_size) +
-         " bytes) of namespace " + std::to_string(o.nsid));
+         " bytes) of namespace " + std::to_string(o.nsid) + " (e.g. " +
+         std::to_string(o.offset / ns.lba_size * ns.lba_size) + " or " +
+         std::to_string((o.offset / ns.lba_size + 1) * ns.lba_size) + ")");
   if (o.chunk_bytes == 0 || o.chunk_bytes % ns.lba_size != 0 || o.chunk_bytes > max_chunk_bytes)
     fail("chunk size " + std::to_string(o.chunk_bytes) + " must be a nonzero multiple of the LBA size (" +
          std::to_string(ns.lba_size) + ") up to " + std::to_string(max_chunk_bytes >> 20) + " MiB");
