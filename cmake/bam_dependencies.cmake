@@ -3,7 +3,8 @@
 # Used by the build (add_subdirectory included) and by the installed package
 # config alike, so it always runs under the CMake of the project that uses bam.
 #   required: CCCL (libcu++ <cuda/atomic>), libnvme headers, Threads
-#   optional: liburing (io_uring media in the software controller)
+#   optional: liburing (io_uring media in the software controller), libext2fs
+#             (ext2/3/4 images read without mounting)
 include_guard(GLOBAL)
 find_package(Threads REQUIRED)
 
@@ -43,6 +44,22 @@ if(BAM_HAVE_LIBURING)
 else()
   message(STATUS "bam: liburing not found: file and block-device media fall back to pread/pwrite "
                  "(apt-get install liburing-dev for io_uring)")
+endif()
+
+# libext2fs (with com_err): ext2/3/4 file systems read without mounting them
+# (bam/file/fs_image.hpp).
+set(BAM_HAVE_LIBEXT2FS OFF)
+if(PkgConfig_FOUND)
+  pkg_check_modules(BAM_EXT2FS QUIET IMPORTED_TARGET ext2fs com_err)
+  if(BAM_EXT2FS_FOUND)
+    set(BAM_HAVE_LIBEXT2FS ON)
+  endif()
+endif()
+if(BAM_HAVE_LIBEXT2FS)
+  message(STATUS "bam: libext2fs found: file extents can be read from ext2/3/4 images (bam/file/fs_image.hpp)")
+else()
+  message(STATUS "bam: libext2fs not found: bam/file/fs_image.hpp (extents from ext2/3/4 images) is off "
+                 "(apt-get install libext2fs-dev comerr-dev, and pkg-config)")
 endif()
 
 # C++20 for CUDA sources. bam's headers need C++20 in .cu files as much as in
@@ -92,6 +109,10 @@ function(bam_link_dependencies target)
       list(APPEND includes ${BAM_URING_INCLUDE_DIR})
       list(APPEND libs ${BAM_URING_LIBRARY})
     endif()
+  endif()
+  if(BAM_HAVE_LIBEXT2FS)
+    list(APPEND defs BAM_HAVE_LIBEXT2FS=1)
+    list(APPEND libs PkgConfig::BAM_EXT2FS)
   endif()
   if(B_BUILD_TREE)
     list(TRANSFORM includes REPLACE "^(.+)$" "$<BUILD_INTERFACE:\\1>")

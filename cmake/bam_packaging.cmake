@@ -39,6 +39,7 @@ set(CPACK_DEBIAN_DEV_PACKAGE_NAME bam-dev)
 set(CPACK_DEBIAN_DEV_PACKAGE_ARCHITECTURE all)
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "libnvme-dev, libxxhash-dev, liburing-dev")
+set(CPACK_DEBIAN_DEV_PACKAGE_SUGGESTS "libext2fs-dev, comerr-dev")
 set(CPACK_COMPONENT_DEV_DESCRIPTION
     "bam: GPU kernels reading and writing NVMe storage directly (headers)\n"
     "Header-only C++20/CUDA library, CMake package config (find_package(bam)) and pkg-config file. "

@@ -54,11 +54,12 @@ bam_apt_install() {
 }
 
 bam_install_build_deps() {
-  command -v apt-get >/dev/null || { echo "bam: not a Debian/Ubuntu system: install cmake, ninja, g++, Catch2 3, libnvme-dev, liburing-dev, CLI11, nlohmann-json, Google Benchmark yourself"; return 0; }
+  command -v apt-get >/dev/null || { echo "bam: not a Debian/Ubuntu system: install cmake, ninja, g++, Catch2 3, libnvme-dev, liburing-dev, libext2fs-dev, CLI11, nlohmann-json, Google Benchmark yourself"; return 0; }
   bam_enable_debian_extras
   # e2fsprogs: the extent-map tests make ext4 file systems on loop devices.
   bam_apt_install cmake ninja-build g++ pkg-config libnvme-dev liburing-dev libcli11-dev \
-    nlohmann-json3-dev libxxhash-dev libbenchmark-dev clang libclang-rt-dev clang-format e2fsprogs
+    nlohmann-json3-dev libxxhash-dev libbenchmark-dev clang libclang-rt-dev clang-format e2fsprogs \
+    libext2fs-dev comerr-dev
   # Catch2 3: Debian 12 has it in backports only (its main has 2.x).
   if ! dpkg-query -W -f='${Version}' catch2 2>/dev/null | grep -q '^3'; then
     . /etc/os-release

@@ -1,0 +1,180 @@
+// SPDX-License-Identifier: MIT
+//! Files of an ext2, ext3 or ext4 file system read without mounting it: the
+//! file system in a disk image (a regular file, e.g. one `mkfs.ext4 -d DIR`
+//! made with no root) or on a block device, opened read-only with libext2fs
+//! (Debian: libext2fs-dev and comerr-dev; the build defines BAM_HAVE_LIBEXT2FS
+//! when it found them). `fs_image::map(path)` gives the same `extent_map` as FIEMAP gives for
+//! a mounted file (`extent_map::of_file`), in the image's blocks, with the
+//! same refusals: data kept inside the inode (inline data), encrypted data,
+//! and holes or preallocated blocks unless `allow_holes` (then they read as
+//! zeroes). Files mapped by blocks (ext2, ext3) and by extents (ext4) alike.
+//!
+//! The map's "disk" is the image: its byte offsets count from the start of
+//! the image (the file system's start plus `fs_offset` when the file system
+//! begins inside it, e.g. in a partition), in blocks of `lba_size`. Loading
+//! the image onto a controller's namespace at LBA 0 makes them that
+//! namespace's LBAs.
+//!
+//! @code
+//!   bam::fs_image img("disk.img");                 // mkfs.ext4 -d data/ disk.img 1G
+//!   bam::extent_map m = img.map("/features.bin");   // path inside the file system
+//!   for (const auto& e : m.extents()) ...           // file offset -> image offset, length
+//! @endcode
+#pragma once
+
+#if !defined(BAM_HAVE_LIBEXT2FS)
+#error "bam/file/fs_image.hpp needs libext2fs: install libext2fs-dev and configure again (BAM_HAVE_LIBEXT2FS)"
+#endif
+
+#include <bam/error.hpp>
+#include <bam/file/extent_map.hpp>
+
+#include <ext2fs/ext2fs.h> // declares com_err's error_message inside its extern "C"
+#include <linux/fiemap.h>
+#include <sys/stat.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace bam {
+
+//! An ext2/3/4 file system opened read-only through libext2fs.
+class fs_image {
+public:
+  //! @param image a disk image file or a block device holding the file system
+  //! @param fs_offset bytes from the start of `image` to the file system (a partition's start)
+  //! @param lba_size the logical block of the maps' LBAs (the namespace the image goes onto)
+  //! @throw bam::error when `image` cannot be opened or holds no ext2/3/4 file system
+  explicit fs_image(std::string image, std::uint64_t fs_offset = 0, std::uint32_t lba_size = 512)
+      : image_(std::move(image)), offset_(fs_offset), lba_size_(lba_size) {
+    struct stat st {};
+    if (::stat(image_.c_str(), &st) != 0) throw_errno("opening file system image " + image_);
+    image_bytes_ = static_cast<std::uint64_t>(st.st_size);
+    if (S_ISBLK(st.st_mode)) image_bytes_ = 0; // a block device: its size is not checked here
+    const std::string io_options = fs_offset != 0 ? "offset=" + std::to_string(fs_offset) : std::string();
+    const errcode_t e =
+        ext2fs_open2(image_.c_str(), io_options.empty() ? nullptr : io_options.c_str(), 0, 0, 0, unix_io_manager, &fs_);
+    if (e != 0) {
+      fs_ = nullptr;
+      fail("opening " + image_ + (fs_offset != 0 ? " at byte " + std::to_string(fs_offset) : std::string()) +
+               " as an ext2/3/4 file system",
+           e);
+    }
+  }
+  ~fs_image() {
+    if (fs_ != nullptr) ext2fs_close_free(&fs_);
+  }
+  fs_image(const fs_image&) = delete;
+  fs_image& operator=(const fs_image&) = delete;
+  fs_image(fs_image&& o) noexcept
+      : image_(std::move(o.image_)), offset_(o.offset_), lba_size_(o.lba_size_), image_bytes_(o.image_bytes_),
+        fs_(std::exchange(o.fs_, nullptr)) {}
+
+  const std::string& image() const { return image_; }
+  //! The file system's block size in bytes.
+  std::uint32_t block_size() const { return fs_->blocksize; }
+
+  //! The extent map of the regular file `path` (absolute, inside the file system).
+  //! @throw bam::error (ENOENT) for a path that is not there, (EINVAL) for a
+  //! directory or another non-regular file, and every refusal of `extent_map`.
+  extent_map map(const std::string& path, const extent_map_options& opts = {}) const {
+    ext2_ino_t ino = 0;
+    if (const errcode_t e = ext2fs_namei(fs_, EXT2_ROOT_INO, EXT2_ROOT_INO, path.c_str(), &ino); e != 0)
+      fail(where(path) + ": no such file in the file system", e, ENOENT);
+    ext2_inode inode{};
+    if (const errcode_t e = ext2fs_read_inode(fs_, ino, &inode); e != 0) fail(where(path) + ": reading its inode", e);
+    if (!LINUX_S_ISREG(inode.i_mode)) detail::extent_refusal(where(path), "not a regular file", EINVAL);
+    const std::uint64_t size = EXT2_I_SIZE(&inode);
+    std::vector<raw_extent> raw;
+    std::uint32_t common = 0; // flags every piece carries
+    if (inode.i_flags & EXT4_ENCRYPT_FL) common |= FIEMAP_EXTENT_DATA_ENCRYPTED;
+    if (inode.i_flags & EXT4_INLINE_DATA_FL) {
+      // The data lives in the inode itself: one piece FIEMAP reports as inline.
+      if (size != 0) raw.push_back({0, 0, align_up(size), FIEMAP_EXTENT_DATA_INLINE | common});
+    } else if (inode.i_flags & EXT4_EXTENTS_FL) {
+      extents_of(path, ino, inode, common, raw);
+    } else {
+      blocks_of(path, ino, common, raw);
+    }
+    block_device_info dev;
+    dev.disk = image_;
+    dev.disk_node = image_;
+    dev.partition_start = offset_;
+    dev.disk_bytes = image_bytes_;
+    dev.lba_size = lba_size_;
+    return extent_map::from_extents(where(path), std::move(raw), size, dev, opts);
+  }
+
+private:
+  std::string where(const std::string& path) const { return image_ + ":" + path; }
+
+  [[noreturn]] static void fail(const std::string& what, errcode_t e, int errnum = EIO) {
+    error_context c;
+    c.errnum = errnum;
+    throw error(what + ": " + ::error_message(e), c); // com_err names errno and libext2fs codes alike
+  }
+  std::uint64_t align_up(std::uint64_t n) const { return (n + block_size() - 1) / block_size() * block_size(); }
+
+  //! An extent-mapped file (ext4): its leaves in file order.
+  void extents_of(const std::string& path, ext2_ino_t ino, ext2_inode& inode, std::uint32_t common,
+                  std::vector<raw_extent>& raw) const {
+    ext2_extent_handle_t h = nullptr;
+    if (const errcode_t e = ext2fs_extent_open2(fs_, ino, &inode, &h); e != 0)
+      fail(where(path) + ": reading its extent tree", e);
+    ext2fs_extent x{};
+    int op = EXT2_EXTENT_ROOT;
+    for (;;) {
+      const errcode_t e = ext2fs_extent_get(h, op, &x);
+      op = EXT2_EXTENT_NEXT;
+      if (e == EXT2_ET_EXTENT_NO_NEXT || e == EXT2_ET_EXTENT_NO_DOWN) break;
+      if (e != 0) {
+        ext2fs_extent_free(h);
+        fail(where(path) + ": reading its extent tree", e);
+      }
+      if (!(x.e_flags & EXT2_EXTENT_FLAGS_LEAF) || x.e_len == 0) continue;
+      std::uint32_t flags = common;
+      if (x.e_flags & EXT2_EXTENT_FLAGS_UNINIT) flags |= FIEMAP_EXTENT_UNWRITTEN;
+      raw.push_back({x.e_lblk * block_size(), x.e_pblk * block_size(),
+                     static_cast<std::uint64_t>(x.e_len) * block_size(), flags});
+    }
+    ext2fs_extent_free(h);
+  }
+
+  //! A block-mapped file (ext2, ext3): its data blocks, runs of consecutive ones merged.
+  void blocks_of(const std::string& path, ext2_ino_t ino, std::uint32_t common, std::vector<raw_extent>& raw) const {
+    struct walk {
+      const fs_image* self;
+      std::uint32_t flags;
+      std::vector<raw_extent>* out;
+    } w{this, common, &raw};
+    auto each = [](ext2_filsys, blk64_t* block, e2_blkcnt_t logical, blk64_t, int, void* p) -> int {
+      auto& s = *static_cast<walk*>(p);
+      if (logical < 0) return 0; // an indirect block: metadata, not the file's data
+      const std::uint64_t bs = s.self->block_size();
+      const std::uint64_t at = static_cast<std::uint64_t>(logical) * bs, disk = *block * bs;
+      if (!s.out->empty()) {
+        raw_extent& last = s.out->back();
+        if (last.logical + last.length == at && last.physical + last.length == disk) {
+          last.length += bs;
+          return 0;
+        }
+      }
+      s.out->push_back({at, disk, bs, s.flags});
+      return 0;
+    };
+    if (const errcode_t e =
+            ext2fs_block_iterate3(fs_, ino, BLOCK_FLAG_READ_ONLY | BLOCK_FLAG_DATA_ONLY, nullptr, each, &w);
+        e != 0)
+      fail(where(path) + ": reading its block map", e);
+  }
+
+  std::string image_;
+  std::uint64_t offset_ = 0;
+  std::uint32_t lba_size_ = 512;
+  std::uint64_t image_bytes_ = 0;
+  ext2_filsys fs_ = nullptr;
+};
+
+} // namespace bam
