@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -210,4 +211,85 @@ TEST_CASE("what is not an ext2/3/4 file system is refused", "[fs_image]") {
   write_file(junk, random_bytes(1 << 20, 7));
   CHECK_THROWS_WITH(bam::fs_image(junk.string()), ContainsSubstring("as an ext2/3/4 file system"));
   CHECK_THROWS_WITH(bam::fs_image((s.dir / "missing.img").string()), ContainsSubstring("missing.img"));
+}
+
+namespace {
+
+//! File i of `set` read through its `file_set_ref` lookups, as a GPU thread would.
+std::vector<unsigned char> read_through(const bam::file_set_ref& r, std::uint64_t i, const fs::path& image) {
+  const bam::extent_map_ref f = r.file(i);
+  const std::uint64_t lbs = std::uint64_t{1} << r.lba_shift;
+  std::vector<unsigned char> out;
+  for (std::uint64_t block = 0; block * lbs < r.file_size(i);) {
+    const bam::extent_map_ref::where w = f.find(block);
+    REQUIRE(w.blocks != 0);
+    const std::uint64_t n = std::min(w.blocks * lbs, r.file_size(i) - block * lbs);
+    if (w.lba == bam::extent_hole) {
+      out.insert(out.end(), n, 0);
+    } else {
+      const auto got = read_at(image, w.lba * lbs, n);
+      out.insert(out.end(), got.begin(), got.end());
+    }
+    block += w.blocks;
+  }
+  CHECK(f.find(f.blocks()).blocks == 0); // past the end
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("a file set: every file below a directory of an image, by index, read through its lookups", "[fs_image]") {
+  scratch s;
+  std::vector<std::pair<std::string, std::vector<unsigned char>>> made;
+  std::mt19937_64 rng(9);
+  auto add = [&](const std::string& rel, std::size_t bytes) {
+    const fs::path p = s.dir / "src" / rel;
+    fs::create_directories(p.parent_path());
+    made.push_back({"/" + rel, random_bytes(bytes, made.size() + 1000)});
+    write_file(p, made.back().second);
+  };
+  for (int i = 0; i < 40; ++i)
+    add("a/img" + std::to_string(i) + ".jpg", i % 10 == 0 ? 0 : rng() % (24 * 1024)); // empty ones too
+  for (int i = 0; i < 25; ++i)
+    add("b/c/doc" + std::to_string(i) + ".txt", 1 + rng() % (9 * 1024));
+  add("top.bin", 200 * 1024);
+  const fs::path image = s.dir / "set.img";
+  make_image(image, s.dir / "src", "ext4", 8, "-O ^has_journal");
+  bam::fs_image img(image.string());
+
+  std::vector<std::string> want;
+  for (const auto& m : made)
+    want.push_back(m.first);
+  std::sort(want.begin(), want.end());
+  CHECK(img.files() == want);
+  const std::vector<std::string> under_a = img.files("/a/");
+  CHECK(under_a.size() == 40);
+  for (const auto& p : under_a)
+    CHECK(p.rfind("/a/", 0) == 0);
+
+  const bam::file_set set = img.map_files("/");
+  REQUIRE(set.size() == made.size());
+  std::uint64_t total = 0;
+  const bam::file_set_ref r = set.ref();
+  for (std::uint64_t i = 0; i < set.size(); ++i) {
+    const auto it = std::find_if(made.begin(), made.end(), [&](const auto& m) { return m.first == set.path(i); });
+    REQUIRE(it != made.end());
+    INFO(set.path(i));
+    CHECK(set.file_size(i) == it->second.size());
+    CHECK(read_through(r, i, image) == it->second);
+    if (it->second.empty()) CHECK(r.file(i).runs == 0);
+    total += it->second.size();
+  }
+  CHECK(set.total_bytes() == total);
+  CHECK(set.runs() >= set.size() - 4); // one run or more per non-empty file
+  CHECK(set.table_bytes() == (set.firsts().size() + set.starts().size() + set.lbas().size() + set.sizes().size()) * 8);
+
+  CHECK_THROWS_WITH(img.files("/top.bin"), ContainsSubstring("not a directory"));
+  CHECK_THROWS_WITH(img.files("/nope"), ContainsSubstring("no such directory"));
+  // A set is of one disk, in one block size.
+  bam::fs_image img4k(image.string(), 0, 1024);
+  std::vector<bam::file_set::named_map> mixed;
+  mixed.push_back({"/top.bin", img.map("/top.bin")});
+  mixed.push_back({"/top.bin", img4k.map("/top.bin")});
+  CHECK_THROWS_WITH(bam::file_set(std::move(mixed)), ContainsSubstring("on one disk"));
 }

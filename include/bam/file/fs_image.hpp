@@ -19,6 +19,7 @@
 //!   bam::fs_image img("disk.img");                 // mkfs.ext4 -d data/ disk.img 1G
 //!   bam::extent_map m = img.map("/features.bin");   // path inside the file system
 //!   for (const auto& e : m.extents()) ...           // file offset -> image offset, length
+//!   bam::file_set set = img.map_files("/train");    // every regular file below /train, by index
 //! @endcode
 #pragma once
 
@@ -28,11 +29,13 @@
 
 #include <bam/error.hpp>
 #include <bam/file/extent_map.hpp>
+#include <bam/file/file_set.hpp>
 
 #include <ext2fs/ext2fs.h> // declares com_err's error_message inside its extern "C"
 #include <linux/fiemap.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -107,8 +110,69 @@ public:
     return extent_map::from_extents(where(path), std::move(raw), size, dev, opts);
   }
 
+  //! Paths of the regular files below directory `dir` (all depths), sorted.
+  //! @throw bam::error (ENOENT) for a missing `dir`, (ENOTDIR) for one that is no directory.
+  std::vector<std::string> files(const std::string& dir = "/") const {
+    ext2_ino_t ino = 0;
+    if (const errcode_t e = ext2fs_namei(fs_, EXT2_ROOT_INO, EXT2_ROOT_INO, dir.c_str(), &ino); e != 0)
+      fail(where(dir) + ": no such directory in the file system", e, ENOENT);
+    if (ext2fs_check_directory(fs_, ino) != 0) {
+      error_context c;
+      c.errnum = ENOTDIR;
+      throw error(where(dir) + ": not a directory", c);
+    }
+    std::vector<std::string> out;
+    walk(ino, dir == "/" ? std::string() : (dir.back() == '/' ? dir.substr(0, dir.size() - 1) : dir), out);
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  //! The files below `dir` (see `files`) as one `file_set`, in path order.
+  //! @throw bam::error as `map` does, naming the file.
+  file_set map_files(const std::string& dir = "/", const extent_map_options& opts = {}) const {
+    std::vector<file_set::named_map> maps;
+    for (std::string& p : files(dir)) {
+      extent_map m = map(p, opts);
+      maps.push_back({std::move(p), std::move(m)});
+    }
+    return file_set(std::move(maps));
+  }
+
 private:
   std::string where(const std::string& path) const { return image_ + ":" + path; }
+
+  //! Regular files below directory `ino` (whose path is `prefix`) into `out`.
+  void walk(ext2_ino_t ino, const std::string& prefix, std::vector<std::string>& out) const {
+    struct entry {
+      std::string name;
+      ext2_ino_t ino;
+      int type;
+    };
+    std::vector<entry> entries;
+    auto each = [](ext2_ino_t, int, ext2_dir_entry* d, int, int, char*, void* p) -> int {
+      const int len = ext2fs_dirent_name_len(d);
+      const std::string name(d->name, static_cast<std::size_t>(len));
+      if (name != "." && name != "..")
+        static_cast<std::vector<entry>*>(p)->push_back({name, d->inode, ext2fs_dirent_file_type(d)});
+      return 0;
+    };
+    if (const errcode_t e = ext2fs_dir_iterate2(fs_, ino, 0, nullptr, each, &entries); e != 0)
+      fail(where(prefix.empty() ? "/" : prefix) + ": reading the directory", e);
+    for (const entry& en : entries) {
+      const std::string path = prefix + "/" + en.name;
+      int type = en.type;
+      if (type == EXT2_FT_UNKNOWN) { // no file types in the directory entries: ask the inode
+        ext2_inode inode{};
+        if (const errcode_t e = ext2fs_read_inode(fs_, en.ino, &inode); e != 0)
+          fail(where(path) + ": reading its inode", e);
+        type = LINUX_S_ISDIR(inode.i_mode) ? EXT2_FT_DIR : LINUX_S_ISREG(inode.i_mode) ? EXT2_FT_REG_FILE : -1;
+      }
+      if (type == EXT2_FT_REG_FILE)
+        out.push_back(path);
+      else if (type == EXT2_FT_DIR)
+        walk(en.ino, path, out);
+    }
+  }
 
   [[noreturn]] static void fail(const std::string& what, errcode_t e, int errnum = EIO) {
     error_context c;
