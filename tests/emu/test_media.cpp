@@ -183,6 +183,16 @@ TEST_CASE("emu media: missing file without create fails with errno", "[emu][medi
   CHECK_THROWS_AS(bam::emu::make_block_media("/dev/null"), bam::error); // not a block device
 }
 
+TEST_CASE("emu media: a file to create in a directory that is not there says so", "[emu][media]") {
+  try {
+    bam::emu::make_file_media("/nonexistent-dir/sub/bam.img", 1 << 20, true);
+    FAIL("creating a file in a missing directory succeeded");
+  } catch (const bam::error& e) {
+    CHECK(e.errnum() == ENOENT);
+    CHECK(std::string(e.what()).find("there is no directory /nonexistent-dir/sub") != std::string::npos);
+  }
+}
+
 TEST_CASE("emu media: block device", "[emu][media]") {
   const scratch_block_device dev(64 << 20);
   if (dev.path.empty())

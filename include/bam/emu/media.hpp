@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -316,7 +317,14 @@ public:
     if (read_only) create = false;
     const int flags = (read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC | (create ? O_CREAT : 0);
     buffered_fd_ = ::open(path.c_str(), flags, 0644);
-    if (buffered_fd_ < 0) throw_errno("opening media " + path);
+    if (buffered_fd_ < 0) {
+      const int err = errno;
+      const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+      std::error_code ec;
+      if (err == ENOENT && !dir.empty() && !std::filesystem::is_directory(dir, ec))
+        throw_errno("opening media " + path + ": there is no directory " + dir.string() + " (make it first)", err);
+      throw_errno("opening media " + path, err);
+    }
     try {
       struct stat st {};
       if (::fstat(buffered_fd_, &st) != 0) throw_errno("stat of media " + path);
