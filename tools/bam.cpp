@@ -22,6 +22,9 @@
 #include <bam/host.hpp>
 #include <bam/host/dataset.hpp>
 #include <bam/file/mapped_file.hpp>
+#if defined(BAM_HAVE_LIBEXT2FS)
+#include <bam/file/fs_image.hpp>
+#endif
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -444,6 +447,7 @@ int cmd_checksum(const common_options& co, const std::string& file) {
 
 struct map_args {
   std::string file;
+  std::string image;  // a file system image: `file` is a path inside it
   std::string device; // empty: the path plan_file_access chooses
   std::uint32_t nsid = 0;
   bool allow_holes = false;
@@ -456,7 +460,25 @@ int cmd_map(const common_options& co, const map_args& a) {
   mo.allow_holes = a.allow_holes;
   std::string device = a.device, reason, path_kind;
   std::optional<bam::extent_map> map;
-  if (device.empty()) {
+  std::string want_checksum; // of the file as its file system reads it (--verify)
+  if (!a.image.empty()) {
+#if defined(BAM_HAVE_LIBEXT2FS)
+    const bam::fs_image img(a.image);
+    map = img.map(a.file, mo);
+    if (device.empty()) device = "emu:file=" + a.image + ",ro";
+    path_kind = "image";
+    reason = "a file of the ext2/3/4 file system in " + a.image + ", read through the image's blocks";
+    if (a.verify) {
+      bam::detail::xxh128_stream fs_read;
+      img.read(a.file, [&](const unsigned char* p, std::size_t n) { fs_read.update(p, n); });
+      want_checksum = fs_read.hex();
+    }
+#else
+    bam::tools::tool_fail("--image needs libext2fs, and this bam was built without it (install libext2fs-dev "
+                          "comerr-dev and build bam again)",
+                          ENOTSUP);
+#endif
+  } else if (device.empty()) {
     bam::file_access fa = bam::plan_file_access(a.file, mo);
     device = fa.device;
     reason = fa.reason;
@@ -496,11 +518,11 @@ int cmd_map(const common_options& co, const map_args& a) {
     bam::detail::xxh128_stream through;
     std::vector<unsigned char> buf(std::min<std::uint64_t>(size, 4ull << 20));
     const double t0 = static_cast<double>(bam::detail::now_ns());
-    if (!a.device.empty()) {
+    if (!a.device.empty() || !a.image.empty()) {
       // A device given by hand is the disk's controller, read at the map's
-      // LBAs: the disk's namespace id (sysfs) by default.
+      // LBAs: the disk's namespace id (sysfs) by default. An image is its namespace 1.
       const std::uint32_t nsid = a.nsid != 0 ? a.nsid : map->device().nsid != 0 ? map->device().nsid : 1;
-      bam::check_same_namespace(ctrl, nsid, *map);
+      if (a.image.empty()) bam::check_same_namespace(ctrl, nsid, *map);
       for (std::uint64_t off = 0; off < size; off += buf.size()) {
         const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), size - off));
         bam::read_mapped(ctrl, nsid, *map, off, buf.data(), n);
@@ -517,7 +539,7 @@ int cmd_map(const common_options& co, const map_args& a) {
       }
     }
     const double secs = (static_cast<double>(bam::detail::now_ns()) - t0) / 1e9;
-    const std::string got = through.hex(), want = bam::file_checksum(a.file);
+    const std::string got = through.hex(), want = a.image.empty() ? bam::file_checksum(a.file) : want_checksum;
     j["verify"] = {{"checksum_through_device", got},
                    {"checksum_through_file_system", want},
                    {"equal", got == want},
@@ -699,7 +721,10 @@ int main(int argc, char** argv) {
   map_args ma;
   auto* map = app.add_subcommand(
       "map", "where a file's blocks lie on its disk (FIEMAP), which path reads it, and --verify reads it that way");
-  map->add_option("file", ma.file, "file on a local file system")->required()->check(CLI::ExistingFile);
+  map->add_option("file", ma.file, "file on a local file system (with --image: a path inside the image)")->required();
+  map->add_option("--image", ma.image,
+                  "an ext2/3/4 file system image (or block device) holding the file, read without mounting it")
+      ->check(CLI::ExistingPath);
   map->add_option("--device", ma.device,
                   "read the raw blocks through this device string (e.g. /dev/bam-nvme1, the file's namespace); "
                   "default: a read-only software controller over the file's disk, or over the file itself");
@@ -746,6 +771,8 @@ int main(int argc, char** argv) {
     for (const std::string* d : {&device, &ta.device, &ma.device})
       if (!d->empty()) bam::parse_device(*d);
     if (*bind || *unbind) pci = bam::tools::normalize_pci_address(pci);
+    if (*map && ma.image.empty() && !std::filesystem::is_regular_file(ma.file))
+      throw bam::error("map: " + ma.file + ": no such file (a path inside an image needs --image IMAGE)");
   } catch (const bam::error& e) {
     return usage_error(co, app, e.what());
   }

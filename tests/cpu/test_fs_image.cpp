@@ -126,6 +126,10 @@ TEST_CASE("files of an ext4 image written whole, in pieces and empty: the map re
   CHECK(e.runs() == 0);
   // Fillers that stayed are there, byte for byte.
   require_map_reads(img.map("/filler1"), image, random_bytes(32 * 1024, 101));
+  // The file system's own reading of the files gives the same bytes.
+  std::vector<unsigned char> via_fs;
+  img.read("/fragmented.bin", [&](const unsigned char* p, std::size_t n) { via_fs.insert(via_fs.end(), p, p + n); });
+  CHECK(via_fs == fragmented);
 }
 
 TEST_CASE("an ext2 image (files mapped by blocks, indirect blocks in between) reads back", "[fs_image]") {
@@ -158,6 +162,9 @@ TEST_CASE("holes are refused unless allowed, then read as zeroes", "[fs_image]")
   const bam::extent_map m = img.map("/sparse.bin", {.allow_holes = true});
   CHECK(m.has_holes());
   require_map_reads(m, image, sparse);
+  std::vector<unsigned char> via_fs;
+  img.read("/sparse.bin", [&](const unsigned char* p, std::size_t n) { via_fs.insert(via_fs.end(), p, p + n); });
+  CHECK(via_fs == sparse);
 }
 
 TEST_CASE("data kept in the inode, directories and missing paths are refused with the reason", "[fs_image]") {
@@ -168,6 +175,10 @@ TEST_CASE("data kept in the inode, directories and missing paths are refused wit
   make_image(image, s.dir / "src", "ext4", 4, "-O ^has_journal,inline_data");
   bam::fs_image img(image.string());
   CHECK_THROWS_WITH(img.map("/tiny.txt"), ContainsSubstring("packed with other metadata"));
+  std::vector<unsigned char> tiny;
+  img.read("/tiny.txt", [&](const unsigned char* p, std::size_t n) { tiny.insert(tiny.end(), p, p + n); });
+  CHECK(tiny == random_bytes(40, 5)); // inline data reads through the file system
+  CHECK_THROWS_WITH(img.read("/sub", [](const unsigned char*, std::size_t) {}), ContainsSubstring("not a regular"));
   try {
     (void)img.map("/sub");
     FAIL("a directory was mapped");

@@ -386,6 +386,35 @@ TEST_CASE("bam map says which path reads a file, and --verify reads it that way"
   }
 }
 
+TEST_CASE("bam map --image maps and verifies a file inside an ext4 image, without mounting it", "[cli][map]") {
+#if !defined(BAM_HAVE_LIBEXT2FS)
+  SKIP("bam was built without libext2fs");
+#else
+  temp_dir d;
+  const fs::path feats = d.path / "tree" / "sub" / "features.bin";
+  fs::create_directories(feats.parent_path());
+  random_file(feats.string(), 123457, 8);
+  const std::string image = d / "disk.img";
+  const std::string mkfs = "PATH=/usr/sbin:/sbin:$PATH mkfs.ext4 -q -F -b 1024 -O ^has_journal -d " + (d / "tree") +
+                           " " + image + " 4M > /dev/null 2>&1";
+  if (std::system(mkfs.c_str()) != 0) SKIP("mkfs.ext4 is not here");
+  json j = bam_json(d, {"map", "--image", image, "/sub/features.bin", "--verify"});
+  CHECK(j["path"] == "image");
+  CHECK(j["device"] == "emu:file=" + image + ",ro");
+  CHECK(j["size"] == 123457);
+  CHECK(j["runs"].get<int>() >= 1);
+  CHECK(j["first_runs"][0]["disk_offset"].get<std::uint64_t>() > 0);
+  CHECK(j["verify"]["equal"] == true);
+  CHECK(j["verify"]["checksum_through_device"] == bam::file_checksum(feats.string()));
+  run_result r = run_bam(d, {"map", "--image", image, "/sub/missing.bin"});
+  CHECK(r.status == 1);
+  CHECK(r.err.find("no such file in the file system") != std::string::npos);
+  r = run_bam(d, {"map", "/sub/features.bin"}); // a path inside an image without --image
+  CHECK(r.status == 2);
+  CHECK(r.err.find("needs --image") != std::string::npos);
+#endif
+}
+
 namespace {
 
 std::size_t count_lines(const std::string& s) { return static_cast<std::size_t>(std::count(s.begin(), s.end(), '\n')); }

@@ -110,6 +110,36 @@ public:
     return extent_map::from_extents(where(path), std::move(raw), size, dev, opts);
   }
 
+  //! The bytes of the regular file `path` as the file system reads them
+  //! (holes and inline data included), in pieces of at most 1 MiB:
+  //! `sink(const unsigned char* p, std::size_t n)`.
+  //! @throw bam::error as `map` does for a path that is not a regular file, or a failed read.
+  template <class Sink>
+  void read(const std::string& path, Sink&& sink) const {
+    ext2_ino_t ino = 0;
+    if (const errcode_t e = ext2fs_namei(fs_, EXT2_ROOT_INO, EXT2_ROOT_INO, path.c_str(), &ino); e != 0)
+      fail(where(path) + ": no such file in the file system", e, ENOENT);
+    ext2_inode inode{};
+    if (const errcode_t e = ext2fs_read_inode(fs_, ino, &inode); e != 0) fail(where(path) + ": reading its inode", e);
+    if (!LINUX_S_ISREG(inode.i_mode)) detail::extent_refusal(where(path), "not a regular file", EINVAL);
+    ext2_file_t f = nullptr;
+    if (const errcode_t e = ext2fs_file_open2(fs_, ino, &inode, 0, &f); e != 0) fail(where(path) + ": opening it", e);
+    std::vector<unsigned char> buf(std::size_t{1} << 20);
+    // Never past the file's size (libext2fs hands out a whole inline area).
+    for (std::uint64_t left = EXT2_I_SIZE(&inode); left > 0;) {
+      unsigned int got = 0;
+      if (const errcode_t e = ext2fs_file_read(f, buf.data(), static_cast<unsigned int>(buf.size()), &got); e != 0) {
+        ext2fs_file_close(f);
+        fail(where(path) + ": reading it", e);
+      }
+      if (got == 0) break;
+      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(got, left));
+      sink(static_cast<const unsigned char*>(buf.data()), n);
+      left -= n;
+    }
+    ext2fs_file_close(f);
+  }
+
   //! Paths of the regular files below directory `dir` (all depths), sorted.
   //! @throw bam::error (ENOENT) for a missing `dir`, (ENOTDIR) for one that is no directory.
   std::vector<std::string> files(const std::string& dir = "/") const {
