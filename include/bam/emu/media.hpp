@@ -223,16 +223,11 @@ inline int uring_io(io_uring* ring, int fd, bool is_write, std::uint64_t offset,
     } else {
       io_uring_prep_read(sqe, fd, p, n, offset);
     }
-    // One system call submits and waits (a synchronous caller at queue depth 1).
-    // -EINTR: nothing was submitted, and the entry is still in the ring.
+    if (io_uring_submit(ring) < 0) return -1;
+    io_uring_cqe* cqe = nullptr;
     int rc;
     do {
-      rc = io_uring_submit_and_wait(ring, 1);
-    } while (rc == -EINTR);
-    if (rc < 0) return -1;
-    io_uring_cqe* cqe = nullptr;
-    do {
-      rc = io_uring_wait_cqe(ring, &cqe); // no system call when the completion is already there
+      rc = io_uring_wait_cqe(ring, &cqe);
     } while (rc == -EINTR);
     if (rc < 0) return -1;
     const int res = cqe->res;
