@@ -83,12 +83,8 @@ public:
   //! @throw bam::error (ENOENT) for a path that is not there, (EINVAL) for a
   //! directory or another non-regular file, and every refusal of `extent_map`.
   extent_map map(const std::string& path, const extent_map_options& opts = {}) const {
-    ext2_ino_t ino = 0;
-    if (const errcode_t e = ext2fs_namei(fs_, EXT2_ROOT_INO, EXT2_ROOT_INO, path.c_str(), &ino); e != 0)
-      fail(where(path) + ": no such file in the file system", e, ENOENT);
     ext2_inode inode{};
-    if (const errcode_t e = ext2fs_read_inode(fs_, ino, &inode); e != 0) fail(where(path) + ": reading its inode", e);
-    if (!LINUX_S_ISREG(inode.i_mode)) detail::extent_refusal(where(path), "not a regular file", EINVAL);
+    const ext2_ino_t ino = regular_file(path, inode);
     const std::uint64_t size = EXT2_I_SIZE(&inode);
     std::vector<raw_extent> raw;
     std::uint32_t common = 0; // flags every piece carries
@@ -116,12 +112,8 @@ public:
   //! @throw bam::error as `map` does for a path that is not a regular file, or a failed read.
   template <class Sink>
   void read(const std::string& path, Sink&& sink) const {
-    ext2_ino_t ino = 0;
-    if (const errcode_t e = ext2fs_namei(fs_, EXT2_ROOT_INO, EXT2_ROOT_INO, path.c_str(), &ino); e != 0)
-      fail(where(path) + ": no such file in the file system", e, ENOENT);
     ext2_inode inode{};
-    if (const errcode_t e = ext2fs_read_inode(fs_, ino, &inode); e != 0) fail(where(path) + ": reading its inode", e);
-    if (!LINUX_S_ISREG(inode.i_mode)) detail::extent_refusal(where(path), "not a regular file", EINVAL);
+    const ext2_ino_t ino = regular_file(path, inode);
     ext2_file_t f = nullptr;
     if (const errcode_t e = ext2fs_file_open2(fs_, ino, &inode, 0, &f); e != 0) fail(where(path) + ": opening it", e);
     std::vector<unsigned char> buf(std::size_t{1} << 20);
@@ -170,6 +162,16 @@ public:
 
 private:
   std::string where(const std::string& path) const { return image_ + ":" + path; }
+
+  //! The inode number of the regular file `path`, its inode into `inode`.
+  ext2_ino_t regular_file(const std::string& path, ext2_inode& inode) const {
+    ext2_ino_t ino = 0;
+    if (const errcode_t e = ext2fs_namei(fs_, EXT2_ROOT_INO, EXT2_ROOT_INO, path.c_str(), &ino); e != 0)
+      fail(where(path) + ": no such file in the file system", e, ENOENT);
+    if (const errcode_t e = ext2fs_read_inode(fs_, ino, &inode); e != 0) fail(where(path) + ": reading its inode", e);
+    if (!LINUX_S_ISREG(inode.i_mode)) detail::extent_refusal(where(path), "not a regular file", EINVAL);
+    return ino;
+  }
 
   //! Regular files below directory `ino` (whose path is `prefix`) into `out`.
   void walk(ext2_ino_t ino, const std::string& prefix, std::vector<std::string>& out) const {
