@@ -24,10 +24,14 @@ gradients are averaged (DistributedDataParallel):
 
     torchrun --standalone --nproc-per-node 2 examples/gnn/train_sage.py /data/g --device /dev/bam-nvme0
 
-Labels: --labels FILE.npy (one integer class per node), or derived from the
-features (the argmax of a fixed random projection into --classes classes),
-so that any dataset the tool makes can be trained on and the accuracy means
-something. Neighbours are sampled uniformly with replacement on the torch
+Labels: --labels FILE.npy (one integer class per node, -1 for none), else the
+dataset's labels.npy when it has one (examples/gnn/import_ogb.py writes it
+for OGB's datasets), else derived from the features (the argmax of a fixed
+random projection into --classes classes), so that any dataset the tool makes
+can be trained on and the accuracy means something. Training and validation
+nodes: the dataset's split/train.npy and split/valid.npy when it has them
+(OGB's split; --train-nodes and --val-nodes then take that many of them at
+random), else drawn at random from all nodes. Neighbours are sampled uniformly with replacement on the torch
 device (fanouts per layer, as PyTorch Geometric's NeighborLoader does),
 de-duplicated with torch.unique.
 """
@@ -130,6 +134,33 @@ def make_labels(ds: Dataset, classes: int, seed: int, path: Optional[str]) -> np
         hi = min(ds.nodes, lo + step)
         y[lo:hi] = np.argmax(np.asarray(mm[lo:hi], dtype=np.float32) @ proj, axis=1)
     return y
+
+
+def make_splits(ds: Dataset, labels: np.ndarray, args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:
+    """Training and validation nodes: the dataset's split when it has one, else random."""
+    rng = np.random.default_rng(args.seed)
+    split = os.path.join(ds.root, "split")
+    if os.path.isfile(os.path.join(split, "train.npy")) and os.path.isfile(os.path.join(split, "valid.npy")):
+        parts = []
+        for name, want in (("train", args.train_nodes), ("valid", args.val_nodes)):
+            path = os.path.join(split, name + ".npy")
+            ids = np.load(path)
+            if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+                fail(f"{path}: node ids must be a 1-D integer array, got {ids.dtype} {ids.shape}")
+            if ids.size and (ids.min() < 0 or ids.max() >= ds.nodes):
+                fail(f"{path}: node ids must lie in [0, {ds.nodes})")
+            if ids.size and labels[ids].min() < 0:
+                fail(f"{path}: {int((labels[ids] < 0).sum())} of its nodes have no label (-1)")
+            ids = ids.astype(np.int64)
+            if want is not None and want < ids.size:
+                ids = rng.choice(ids, want, replace=False)
+            parts.append(ids)
+        return parts[0], parts[1]
+    labelled = np.flatnonzero(labels >= 0)
+    perm = labelled[rng.permutation(labelled.size)]
+    n_train = min(100_000 if args.train_nodes is None else args.train_nodes, perm.size // 2)
+    n_val = min(10_000 if args.val_nodes is None else args.val_nodes, perm.size - n_train)
+    return perm[:n_train], perm[n_train:n_train + n_val]
 
 
 # ---- sampling ----------------------------------------------------------------
@@ -408,9 +439,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--classes", type=int, default=16, help="classes of the labels derived from the features")
-    p.add_argument("--labels", help="labels.npy: one integer class per node (default: derived from the features)")
-    p.add_argument("--train-nodes", type=int, default=100_000, help="training nodes (drawn at random)")
-    p.add_argument("--val-nodes", type=int, default=10_000, help="validation nodes (drawn at random)")
+    p.add_argument("--labels", help="labels.npy: one integer class per node, -1 for none "
+                   "(default: the dataset's labels.npy, else derived from the features)")
+    p.add_argument("--train-nodes", type=int, help="training nodes (default: the dataset's split/train.npy, "
+                   "else 100000 drawn at random)")
+    p.add_argument("--val-nodes", type=int, help="validation nodes (default: the dataset's split/valid.npy, "
+                   "else 10000 drawn at random)")
     p.add_argument("--check-batches", type=int, default=2, help="batches per mode checked against the feature file")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--torch-device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -447,12 +481,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.quiet = True
 
     ds = open_dataset(args.dataset)
-    rng = np.random.default_rng(args.seed)
-    perm = rng.permutation(ds.nodes)
-    n_train = min(args.train_nodes, ds.nodes // 2)
-    n_val = min(args.val_nodes, ds.nodes - n_train)
-    splits = (torch.from_numpy(perm[:n_train]).to(device), torch.from_numpy(perm[n_train:n_train + n_val]).to(device))
-    labels = torch.from_numpy(make_labels(ds, args.classes, args.seed, args.labels)).to(device)
+    if args.labels is None and os.path.isfile(os.path.join(ds.root, "labels.npy")):
+        args.labels = os.path.join(ds.root, "labels.npy")
+    labels_np = make_labels(ds, args.classes, args.seed, args.labels)
+    train_np, val_np = make_splits(ds, labels_np, args)
+    n_train, n_val = len(train_np), len(val_np)
+    args.train_nodes, args.val_nodes = n_train, n_val  # as recorded in the JSON
+    splits = (torch.from_numpy(train_np).to(device), torch.from_numpy(val_np).to(device))
+    labels = torch.from_numpy(labels_np).to(device)
     args.classes = max(args.classes, int(labels.max()) + 1)
     graph = (torch.from_numpy(ds.indptr).to(device), torch.from_numpy(ds.indices).to(device))
     mm = ds.memmap()

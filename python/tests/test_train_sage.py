@@ -116,3 +116,30 @@ def test_bam_gathers_the_same_rows_and_trains_like_memory(tmp_path):
     losses_bam = [e["loss"] for e in by["bam"]["epochs"]]
     losses_mem = [e["loss"] for e in by["memory"]["epochs"]]
     assert losses_bam == pytest.approx(losses_mem, rel=1e-4)
+
+
+def test_the_dataset_labels_and_split_are_used(tmp_path):
+    """A dataset with labels.npy and split/ (what examples/gnn/import_ogb.py
+    writes): training and validation nodes are the split's, nodes without a
+    label (-1) are never trained on, and a split naming one is refused."""
+    feats = write_dataset(tmp_path)
+    labels = np.argmax(feats[:, :4], axis=1).astype(np.int64)
+    labels[np.random.default_rng(1).random(NODES) < 0.3] = -1
+    labelled = np.flatnonzero(labels >= 0)
+    os.makedirs(tmp_path / "split")
+    np.save(tmp_path / "labels.npy", labels)
+    np.save(tmp_path / "split" / "train.npy", labelled[:1200])
+    np.save(tmp_path / "split" / "valid.npy", labelled[1200:1700])
+    cmd = [sys.executable, SCRIPT, str(tmp_path), "--features", "memory", "--torch-device", "cpu", "--epochs", "4",
+           "--batch-size", "256", "--fanouts", "5,5", "--hidden", "32", "--lr", "0.01", "--json",
+           str(tmp_path / "r.json"), "--quiet"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with open(tmp_path / "r.json") as f:
+        res = json.load(f)
+    assert res["settings"]["train_nodes"] == 1200 and res["settings"]["val_nodes"] == 500
+    assert res["results"][0]["final_val_accuracy"] > 0.5  # 4 classes: chance is 0.25
+
+    np.save(tmp_path / "split" / "valid.npy", np.flatnonzero(labels < 0)[:10])
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0 and "have no label (-1)" in r.stderr
