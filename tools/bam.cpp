@@ -149,6 +149,22 @@ bam::controller& single(std::vector<std::unique_ptr<bam::controller>>& cs, const
 
 // ---- list, bind, unbind -------------------------------------------------------
 
+//! The processes that have a bam_nvme device open and their I/O queue pairs.
+void print_clients(const bam::tools::bam_node& b) {
+  if (b.queues && b.queues->total != 0)
+    std::printf("  I/O queue pairs: %u, %u free, at most %u per process\n", b.queues->total, b.queues->free,
+                b.queues->per_process);
+  if (b.clients.empty()) return;
+  std::printf("  %-8s %-10s %-16s %s\n", "PID", "MODE", "QUEUE PAIRS", "COMMAND");
+  for (const auto& c : b.clients) {
+    std::string q;
+    for (const auto id : c.queues)
+      q += (q.empty() ? "" : ",") + std::to_string(id);
+    std::printf("  %-8lld %-10s %-16s %s\n", static_cast<long long>(c.pid), c.mode.c_str(), q.empty() ? "-" : q.c_str(),
+                c.comm.c_str());
+  }
+}
+
 int cmd_list(const common_options& co) {
   const bam::tools::system_root r{co.root};
   const auto fns = bam::tools::list_nvme(r);
@@ -173,6 +189,12 @@ int cmd_list(const common_options& co) {
         n["owner"] = b.owner_name;
         n["pinned_pages"] = b.pinned_pages ? json(*b.pinned_pages) : json(nullptr);
         n["mappings"] = b.mappings ? json(*b.mappings) : json(nullptr);
+        n["clients"] = json::array();
+        for (const auto& cl : b.clients)
+          n["clients"].push_back({{"pid", cl.pid}, {"mode", cl.mode}, {"queues", cl.queues}, {"comm", cl.comm}});
+        if (b.queues)
+          n["io_queues"] = {
+              {"total", b.queues->total}, {"free", b.queues->free}, {"per_process", b.queues->per_process}};
         c["bam_devices"].push_back(n);
       }
       c["kernel_controllers"] = f.kernel_controllers;
@@ -197,6 +219,7 @@ int cmd_list(const common_options& co) {
                     ("/dev/" + b.name).c_str(), owner.c_str(),
                     b.pinned_pages ? std::to_string(*b.pinned_pages).c_str() : "?",
                     b.mappings ? std::to_string(*b.mappings).c_str() : "?");
+        print_clients(b);
       }
     } else {
       std::string devs;

@@ -92,13 +92,57 @@ inline std::string driver_of(const system_root& r, const std::string& addr) {
   return ec ? std::string() : link.filename().string();
 }
 
+//! One open file of a bam_nvme device: a process and its I/O queue pairs.
+struct bam_client {
+  std::int64_t pid = 0;
+  std::string mode;                  //!< shared or exclusive
+  std::vector<std::uint32_t> queues; //!< queue ids it holds
+  std::string comm;
+};
+
+//! The controller's I/O queue pairs as the module hands them out.
+struct bam_queue_counts {
+  std::uint32_t total = 0, free = 0, per_process = 0;
+};
+
 struct bam_node {
   std::string name; //!< bam-nvme0
   std::int64_t owner_pid = 0;
   std::string owner_name; //!< /proc/PID/comm
   std::optional<std::int64_t> pinned_pages,
-      mappings; //!< per controller, if the module reports them
+      mappings;                           //!< per controller, if the module reports them
+  std::vector<bam_client> clients;        //!< every open file, oldest first
+  std::optional<bam_queue_counts> queues; //!< if the module reports them
 };
+
+//! The module's clients attribute: "PID MODE QUEUES COMM" per line, QUEUES "1,2" or "-".
+inline std::vector<bam_client> read_clients(const fs::path& p) {
+  std::vector<bam_client> out;
+  std::ifstream f(p);
+  std::string line;
+  while (std::getline(f, line)) {
+    std::istringstream in(line);
+    bam_client c;
+    std::string queues;
+    if (!(in >> c.pid >> c.mode >> queues)) continue;
+    std::getline(in >> std::ws, c.comm);
+    if (queues != "-") {
+      std::istringstream q(queues);
+      std::string id;
+      while (std::getline(q, id, ','))
+        if (!id.empty()) c.queues.push_back(static_cast<std::uint32_t>(std::strtoul(id.c_str(), nullptr, 10)));
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+inline std::optional<bam_queue_counts> read_queue_counts(const fs::path& p) {
+  std::ifstream f(p);
+  bam_queue_counts q;
+  if (!(f >> q.total >> q.free >> q.per_process)) return std::nullopt;
+  return q;
+}
 
 struct nvme_function {
   std::string address;
@@ -137,6 +181,8 @@ inline std::vector<nvme_function> list_nvme(const system_root& r) {
       if (b.owner_pid != 0) b.owner_name = read_line(r.proc(std::to_string(b.owner_pid) + "/comm")).value_or("?");
       b.pinned_pages = read_int(dev / "bam-nvme" / n / "pinned_pages");
       b.mappings = read_int(dev / "bam-nvme" / n / "mappings");
+      b.clients = read_clients(dev / "bam-nvme" / n / "clients");
+      b.queues = read_queue_counts(dev / "bam-nvme" / n / "io_queues");
       f.bam_nodes.push_back(b);
     }
     for (const auto& c : sorted_entries(dev / "nvme", "nvme")) {

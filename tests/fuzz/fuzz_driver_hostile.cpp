@@ -5,7 +5,10 @@
 // bring-up, identify data (MDTS, namespace count, sizes, LBA formats), the
 // Number of Queues answer, and for every command fetched a completion that
 // may carry a wrong command id, SQ id, phase, status or SQ head, come twice,
-// come late, or never come.
+// come late, or never come. Some inputs make it a shared controller, as
+// the kernel module presents one: already up, admin commands answered
+// through the transport (any status, any data), I/O queue pairs granted
+// with any queue id or refused, and any count of them said to be left.
 //
 // What must hold: no crash or sanitizer report; no wait without end (every
 // driver call returns); every failure is a bam::error; a call that reports
@@ -128,6 +131,8 @@ public:
     never_ready_ = regs_script_.u8() == 0xa5;
     fatal_ = regs_script_.u8() == 0x5a;
     gone_ = regs_script_.u8() == 0x3c;
+    shared_ = regs_script_.u8() % 3 == 0;
+    if (shared_) enabled_ = true; // up before the driver came
     device_ = std::thread([this] { serve(); });
   }
   ~hostile_controller() override {
@@ -186,6 +191,43 @@ public:
   std::unique_ptr<dma_region> map(void* ptr, std::size_t size, memory_kind kind) override {
     check_map_args(ptr, size, kind);
     return std::make_unique<iommu_region>(dma_, ptr, size, kind, dma_->add(ptr, size));
+  }
+
+  // ---- a shared controller: the admin queue is the transport's --------------
+  bool admin_queue_owned_elsewhere() const override { return shared_; }
+  std::uint32_t io_queue_pairs_available() override {
+    std::lock_guard q(queues_mutex_);
+    return answers_.u8() % 8 == 0 ? answers_.u32() : answers_.u8() % 4;
+  }
+  std::uint16_t create_io_queue_pair(const dma_region& rings, std::size_t sq_offset, std::size_t cq_offset,
+                                     std::uint32_t depth) override {
+    std::lock_guard q(queues_mutex_);
+    const std::uint8_t act = answers_.u8();
+    if (act % 8 == 1) {
+      error_context c;
+      c.errnum = act % 16 == 1 ? ENOSPC : EDQUOT;
+      throw error("no I/O queue pair left (hostile)", c);
+    }
+    // Any id now and then, even one already given out or one whose doorbells lie outside BAR0.
+    const std::uint16_t qid = act % 8 == 2 ? static_cast<std::uint16_t>(answers_.u32()) : ++granted_;
+    add_queue_locked(qid, rings.bus_address(sq_offset), depth, rings.bus_address(cq_offset), depth);
+    return qid;
+  }
+  void delete_io_queue_pair(std::uint16_t qid) override {
+    std::lock_guard q(queues_mutex_);
+    for (auto& x : queues_)
+      if (x.qid == qid) x.sq_depth = 0; // no longer served
+    if (answers_.u8() % 8 == 1) throw error("delete refused (hostile)");
+  }
+  nvme::status admin_passthrough(const nvme::command& cmd, void* data, std::size_t bytes, std::uint32_t& dw0) override {
+    std::lock_guard q(queues_mutex_);
+    dw0 = 0;
+    std::vector<unsigned char> out;
+    admin_answer(cmd, dw0, out);
+    if (data != nullptr && !out.empty()) std::memcpy(data, out.data(), std::min(bytes, out.size()));
+    const std::uint8_t act = answers_.u8();
+    if (act % 16 == 1) throw error("passthrough timed out (hostile)");
+    return nvme::status{static_cast<std::uint16_t>(act % 16 == 2 ? answers_.u32() & 0x7fff : 0)};
   }
 
   // ---- what the oracle reads ----------------------------------------------
@@ -264,7 +306,8 @@ private:
 
   void add_queue_locked(std::uint16_t qid, std::uint64_t sq_bus, std::uint32_t sq_depth, std::uint64_t cq_bus,
                         std::uint32_t cq_depth) {
-    if (sq_depth < 2 || cq_depth < 2) return; // not served
+    if (sq_depth < 2 || cq_depth < 2) return;                            // not served
+    if (nvme::cq_doorbell_offset(qid, dstrd()) + 4 > regs_bytes) return; // no doorbells to ring: never served
     queues_.push_back({qid, sq_bus, sq_depth, cq_bus, cq_depth});
   }
 
@@ -305,6 +348,12 @@ private:
   //! What the controller would put in the data buffer of an admin command.
   void admin_data(const nvme::command& c, std::uint32_t& dw0) {
     std::vector<unsigned char> data;
+    admin_answer(c, dw0, data);
+    if (!data.empty()) move(c, data.data(), data.size(), true);
+  }
+
+  //! The answer to an admin command: dword 0 and the data it returns, if any.
+  void admin_answer(const nvme::command& c, std::uint32_t& dw0, std::vector<unsigned char>& data) {
     switch (static_cast<nvme::admin_opcode>(c.opcode)) {
     case nvme::admin_opcode::identify: {
       data.assign(nvme::identify_data_size, 0);
@@ -354,7 +403,6 @@ private:
     }
     default: break;
     }
-    if (!data.empty()) move(c, data.data(), data.size(), true);
   }
 
   //! Copy between `buf` and the memory the command's PRPs describe.
@@ -465,7 +513,9 @@ private:
   std::uint64_t cap_ = 0;
   unsigned ready_after_ = 0, csts_reads_ = 0;
   bool never_ready_ = false, fatal_ = false, gone_ = false, enabled_ = false, shutdown_ = false;
-  std::mutex queues_mutex_; // queues_, cqs_, calls_, prp_error_
+  bool shared_ = false;       // the admin queue is "the module's": passthrough and grants
+  std::uint16_t granted_ = 0; // queue ids handed out (shared)
+  std::mutex queues_mutex_;   // queues_, cqs_, calls_, prp_error_
   std::vector<queue> queues_;
   std::vector<cq_def> cqs_;
   std::vector<sq_def> new_sqs_;                     // created while the queues are being served

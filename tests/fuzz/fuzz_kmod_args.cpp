@@ -43,7 +43,7 @@ T take(const std::uint8_t*& p, std::size_t& n) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::uint8_t* p = data;
   std::size_t n = size;
-  const auto which = take<std::uint8_t>(p, n) % 6;
+  const auto which = take<std::uint8_t>(p, n) % 9;
   // max_map_mib is 1..2^24 (checked at module load): the cap in bytes.
   const std::uint64_t max_bytes = (1 + take<std::uint32_t>(p, n) % (1u << 24)) * (1ull << 20);
   switch (which) {
@@ -91,6 +91,57 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const int got = bam_check_unmap(&r);
     const int want = (r.handle == 0 || r.handle > 0xffffffffull) ? -EINVAL : 0;
     if (got != want) fail("UNMAP check disagrees with the ABI", r.handle, 0);
+    break;
+  }
+  case 5: {
+    const auto r = take<bam_kmod_queue_create>(p, n);
+    // CAP.MQES is 16 bits (0-based): at most 65536 entries per queue.
+    const std::uint32_t max_depth = 2 + take<std::uint16_t>(p, n) % 65535;
+    const int got = bam_check_queue_create(&r, max_depth);
+    const bool ok = r.flags == 0 && r.sq_handle != 0 && r.sq_handle <= 0xffffffffull && r.cq_handle != 0 &&
+                    r.cq_handle <= 0xffffffffull && r.sq_offset % 4096 == 0 && r.cq_offset % 4096 == 0 &&
+                    r.depth >= 2 && r.depth <= max_depth;
+    if (got != (ok ? 0 : -EINVAL)) fail("QUEUE_CREATE check disagrees with the ABI", r.sq_handle, r.depth);
+    break;
+  }
+  case 6: {
+    const auto r = take<bam_kmod_queue_delete>(p, n);
+    const int want = (r.pad || r.qid == 0 || r.qid > 0xffff) ? -EINVAL : 0;
+    if (bam_check_queue_delete(&r) != want) fail("QUEUE_DELETE check disagrees with the ABI", r.qid, r.pad);
+    break;
+  }
+  case 7: {
+    auto r = take<bam_kmod_admin>(p, n);
+    // Mostly real opcodes, so that the classes are reached.
+    const std::uint8_t pick = take<std::uint8_t>(p, n);
+    if (pick < 200) r.opcode = pick;
+    const int got = bam_check_admin(&r);
+    static const std::uint32_t reads[] = {0x02, 0x06, 0x0a};
+    static const std::uint32_t destructive[] = {0x09, 0x0d, 0x10, 0x11, 0x14, 0x15, 0x80, 0x84};
+    const auto in = [](const auto& set, std::uint32_t op) {
+      for (auto x : set)
+        if (x == op) return true;
+      return false;
+    };
+    int want = 0;
+    const std::uint64_t log_bytes = ((std::uint64_t{r.cdw11 & 0xffff} << 16 | (r.cdw10 >> 16)) + 1) * 4;
+    const std::uint64_t fw_bytes = (std::uint64_t{r.cdw10} + 1) * 4;
+    if (r.flags || r.pad || r.data_len > BAM_KMOD_MAX_ADMIN_DATA || r.timeout_ms > 60000 ||
+        (r.data == 0) != (r.data_len == 0) || (r.data_len != 0 && (r.opcode & 3) != 1 && (r.opcode & 3) != 2) ||
+        (r.opcode == 0x02 && log_bytes > BAM_KMOD_MAX_ADMIN_DATA) ||
+        (r.opcode == 0x11 && fw_bytes > BAM_KMOD_MAX_ADMIN_DATA))
+      want = -EINVAL;
+    else if (in(reads, r.opcode))
+      want = BAM_ADMIN_READ;
+    else if (in(destructive, r.opcode))
+      want = BAM_ADMIN_DESTRUCTIVE;
+    else
+      want = -EPERM;
+    if (got != want) fail("ADMIN check disagrees with the ABI", r.opcode, static_cast<std::uint64_t>(got));
+    // Nothing that creates or deletes queues, aborts or waits for events passes.
+    if (got > 0 && (r.opcode == 0x00 || r.opcode == 0x01 || r.opcode == 0x04 || r.opcode == 0x05 || r.opcode == 0x08 ||
+                    r.opcode == 0x0c || r.opcode >= 0xc0))
+      fail("ADMIN check let a queue, abort, event or vendor command through", r.opcode, 0);
     break;
   }
   default: {

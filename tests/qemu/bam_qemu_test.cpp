@@ -9,7 +9,7 @@
 // (--expect, --inactive) is checked against what the driver found.
 //
 //   bam_qemu_test all /dev/bam-nvme0 [options]   every case below but mark and ioctl-fuzz, in order
-//   bam_qemu_test identify|geometry|io|dmabuf|args|unpriv|fork|kill|mark|ioctl-fuzz DEV [options]
+//   bam_qemu_test identify|geometry|io|dmabuf|args|unpriv|fork|kill|multi|queues|mark|ioctl-fuzz DEV [options]
 //   options: --blocks N (random I/O, default 12000)   --threads N (4)
 //            --queues N (I/O queue pairs asked for, 4)  --depth N (entries asked for, 256)
 //            --expect NSID:LBA,...  active namespaces and their LBA sizes as QEMU was told
@@ -25,6 +25,7 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
@@ -401,9 +402,9 @@ void case_args(const std::string& dev) {
   expect_errno("unmapped-memory", fd, BAM_KMOD_IOC_MAP_HOST, &m, EFAULT);
   m = host(reinterpret_cast<std::uintptr_t>(ro), pg);
   expect_errno("read-only-memory", fd, BAM_KMOD_IOC_MAP_HOST, &m, EFAULT);
-  // The BAR itself (VM_IO|VM_PFNMAP) cannot be pinned.
+  // The registers (VM_IO|VM_PFNMAP) cannot be pinned.
   {
-    void* bar = ::mmap(nullptr, pg, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void* bar = ::mmap(nullptr, pg, PROT_READ, MAP_SHARED, fd, 0);
     m = host(reinterpret_cast<std::uintptr_t>(bar), pg);
     expect_errno("mmio-memory", fd, BAM_KMOD_IOC_MAP_HOST, &m, EFAULT);
     ::munmap(bar, pg);
@@ -496,7 +497,8 @@ void case_args(const std::string& dev) {
     g.vaddr = 0x11000;
     expect_errno("gpu-unaligned", fd, BAM_KMOD_IOC_MAP_GPU, &g, EINVAL);
   }
-  // mmap outside BAR0, at an offset, or private.
+  // mmap outside BAR0, at an offset, or private; the registers only
+  // read-only and the doorbells only with a queue pair (shared access).
   {
     const std::size_t bar = (t.info().bar0_size + pg - 1) / pg * pg;
     errno = 0;
@@ -504,23 +506,117 @@ void case_args(const std::string& dev) {
     report("mmap-beyond-bar", p == MAP_FAILED && errno == EINVAL, std::strerror(errno));
     if (p != MAP_FAILED) ::munmap(p, bar + pg);
     errno = 0;
-    p = ::mmap(nullptr, pg, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(pg));
+    p = ::mmap(nullptr, pg, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(2 * pg));
     report("mmap-offset", p == MAP_FAILED && errno == EINVAL, std::strerror(errno));
     if (p != MAP_FAILED) ::munmap(p, pg);
     errno = 0;
     p = ::mmap(nullptr, pg, PROT_READ, MAP_PRIVATE, fd, 0);
     report("mmap-private", p == MAP_FAILED && errno == EINVAL, std::strerror(errno));
     if (p != MAP_FAILED) ::munmap(p, pg);
+    errno = 0;
+    p = ::mmap(nullptr, pg, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    report("mmap-registers-writable", p == MAP_FAILED && errno == EACCES, std::strerror(errno));
+    if (p != MAP_FAILED) ::munmap(p, pg);
+    errno = 0;
+    p = ::mmap(nullptr, pg, PROT_READ | PROT_WRITE, MAP_SHARED, fd, BAM_KMOD_DOORBELL_OFFSET);
+    report("mmap-doorbells-without-queue", p == MAP_FAILED && errno == EPERM, std::strerror(errno));
+    if (p != MAP_FAILED) ::munmap(p, pg);
   }
-  // One process at a time.
+  // Queue pairs and admin commands through the module.
+  {
+    bam_kmod_alloc al{};
+    al.length = 2 * pg;
+    const bool allocated = ::ioctl(fd, BAM_KMOD_IOC_ALLOC, &al) == 0;
+    auto qc = [&](std::uint64_t handle, std::uint64_t sq_off, std::uint64_t cq_off, std::uint32_t depth,
+                  std::uint32_t flags = 0) {
+      bam_kmod_queue_create q{};
+      q.sq_handle = handle;
+      q.sq_offset = sq_off;
+      q.cq_handle = handle;
+      q.cq_offset = cq_off;
+      q.depth = depth;
+      q.flags = flags;
+      return q;
+    };
+    bam_kmod_queue_create q = qc(al.handle, 0, pg, 1);
+    expect_errno("queue-depth-1", fd, BAM_KMOD_IOC_QUEUE_CREATE, &q, EINVAL);
+    q = qc(al.handle, 0, pg, 1u << 20);
+    expect_errno("queue-depth-over-mqes", fd, BAM_KMOD_IOC_QUEUE_CREATE, &q, EINVAL);
+    q = qc(al.handle, 0, pg, 2, 1);
+    expect_errno("queue-nonzero-flags", fd, BAM_KMOD_IOC_QUEUE_CREATE, &q, EINVAL);
+    q = qc(4242, 0, pg, 2);
+    expect_errno("queue-unknown-handle", fd, BAM_KMOD_IOC_QUEUE_CREATE, &q, EINVAL);
+    q = qc(al.handle, 0, 2 * pg, 2);
+    expect_errno("queue-ring-outside-mapping", fd, BAM_KMOD_IOC_QUEUE_CREATE, &q, EINVAL);
+    q = qc(al.handle, 0, 512, 2);
+    expect_errno("queue-ring-unaligned", fd, BAM_KMOD_IOC_QUEUE_CREATE, &q, EINVAL);
+    q = qc(al.handle, 0, pg, 2);
+    const bool created = allocated && ::ioctl(fd, BAM_KMOD_IOC_QUEUE_CREATE, &q) == 0;
+    report("queue-create", created,
+           "qid " + std::to_string(q.qid) + ", doorbells " + hex(q.sq_doorbell) + "/" + hex(q.cq_doorbell) + "; " +
+               std::to_string(q.queues_free) + " of " + std::to_string(q.queues_total) + " free");
+    bam_kmod_unmap uu{};
+    uu.handle = al.handle;
+    expect_errno("unmap-ring-in-use", fd, BAM_KMOD_IOC_UNMAP, &uu, EBUSY);
+    errno = 0;
+    void* db = ::mmap(nullptr, pg, PROT_READ | PROT_WRITE, MAP_SHARED, fd, BAM_KMOD_DOORBELL_OFFSET);
+    report("mmap-doorbells-with-queue", db != MAP_FAILED, std::strerror(errno));
+    if (db != MAP_FAILED) ::munmap(db, pg);
+    bam_kmod_queue_delete qd{};
+    qd.qid = q.qid + 1000;
+    expect_errno("queue-delete-not-held", fd, BAM_KMOD_IOC_QUEUE_DELETE, &qd, EINVAL);
+    qd.qid = q.qid;
+    errno = 0;
+    const bool deleted = created && ::ioctl(fd, BAM_KMOD_IOC_QUEUE_DELETE, &qd) == 0;
+    report("queue-delete", deleted, deleted ? "qid " + std::to_string(qd.qid) + " deleted" : std::strerror(errno));
+    errno = 0;
+    const bool unmapped = allocated && ::ioctl(fd, BAM_KMOD_IOC_UNMAP, &uu) == 0;
+    report("unmap-ring-after-delete", unmapped, unmapped ? "unmapped" : std::strerror(errno));
+
+    bam_kmod_admin a{};
+    a.opcode = 0x01; // Create I/O SQ: only the module creates queues
+    expect_errno("admin-create-queue-refused", fd, BAM_KMOD_IOC_ADMIN, &a, EPERM);
+    a.opcode = 0xc0; // vendor specific
+    expect_errno("admin-vendor-refused", fd, BAM_KMOD_IOC_ADMIN, &a, EPERM);
+    std::vector<unsigned char> page(2 * pg);
+    a = {};
+    a.opcode = 0x06; // Identify
+    a.cdw10 = 1;
+    a.data = reinterpret_cast<std::uintptr_t>(page.data());
+    a.data_len = 2 * pg;
+    expect_errno("admin-data-too-long", fd, BAM_KMOD_IOC_ADMIN, &a, EINVAL);
+    a.data_len = pg;
+    a.data = 0;
+    expect_errno("admin-length-without-pointer", fd, BAM_KMOD_IOC_ADMIN, &a, EINVAL);
+    a = {};
+    a.opcode = 0x02; // Get Log Page of 8 KiB (NUMDL 2047): more than the module's page
+    a.cdw10 = 2 | (2047u << 16);
+    a.data = reinterpret_cast<std::uintptr_t>(page.data());
+    a.data_len = pg;
+    expect_errno("admin-log-page-too-long", fd, BAM_KMOD_IOC_ADMIN, &a, EINVAL);
+    a = {};
+    a.opcode = 0x06;
+    a.cdw10 = 1;
+    a.data = reinterpret_cast<std::uintptr_t>(page.data());
+    a.data_len = pg;
+    const bool ok = ::ioctl(fd, BAM_KMOD_IOC_ADMIN, &a) == 0 && a.status == 0;
+    const std::string sn(reinterpret_cast<const char*>(page.data()) + 4, 7);
+    report("admin-identify", ok && sn == "bamtest", "status " + hex(a.status) + ", serial '" + sn + "'");
+  }
+  // Several processes at a time; the whole controller for one only.
   {
     errno = 0;
     const int second = ::open(dev.c_str(), O_RDWR);
-    report("second-open-busy", second < 0 && errno == EBUSY, std::strerror(errno));
-    if (second >= 0) ::close(second);
+    report("second-open-shared", second >= 0, second >= 0 ? "opened" : std::strerror(errno));
+    if (second >= 0) {
+      errno = 0;
+      const int rc = ::ioctl(second, BAM_KMOD_IOC_EXCLUSIVE);
+      report("exclusive-refused-while-shared", rc != 0 && errno == EBUSY, rc == 0 ? "granted" : std::strerror(errno));
+      ::close(second);
+    }
     try {
-      bam::pci_transport t2(dev);
-      report("library-error-busy", false, "second transport opened");
+      bam::pci_transport t2(dev, bam::pci_access::exclusive);
+      report("library-error-busy", false, "exclusive transport opened next to another");
     } catch (const bam::error& e) {
       report("library-error-busy", e.errnum() == EBUSY, e.what());
     }
@@ -534,6 +630,47 @@ void case_args(const std::string& dev) {
     report("library-error-missing",
            e.errnum() == ENOENT && std::string(e.what()).find("bind-nvme") != std::string::npos, e.what());
   }
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path);
+  f << text << '\n';
+}
+
+//! Run `fn` in a child as `uid` with group `gid` only; returns what it returned.
+std::string run_as(uid_t uid, gid_t gid, const std::function<std::string()>& fn) {
+  int pipefd[2];
+  if (::pipe(pipefd) != 0) return "pipe failed";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(pipefd[0]);
+    std::string out;
+    if (::setgroups(1, &gid) != 0 || ::setgid(gid) != 0 || ::setuid(uid) != 0)
+      out = "could not become uid " + std::to_string(uid);
+    else
+      out = fn();
+    (void)!::write(pipefd[1], out.data(), out.size());
+    ::_exit(0);
+  }
+  ::close(pipefd[1]);
+  std::string out;
+  char buf[512];
+  for (ssize_t n; (n = ::read(pipefd[0], buf, sizeof buf)) > 0;)
+    out.append(buf, static_cast<std::size_t>(n));
+  ::close(pipefd[0]);
+  ::waitpid(pid, nullptr, 0);
+  return out;
+}
+
+//! The errno uid/gid saw opening `dev` (0: it opened).
+int open_errno_as(uid_t uid, gid_t gid, const std::string& dev) {
+  const std::string r = run_as(uid, gid, [&] {
+    const int fd = ::open(dev.c_str(), O_RDWR);
+    const int e = fd < 0 ? errno : 0;
+    if (fd >= 0) ::close(fd);
+    return std::to_string(e);
+  });
+  return static_cast<int>(std::strtol(r.c_str(), nullptr, 10));
 }
 
 //! Run `fn` in a child as uid/gid 1000; returns the errno it saw opening `dev`.
@@ -572,6 +709,50 @@ void case_unpriv(const std::string& dev) {
   e = open_errno_as_user(dev);
   report("unprivileged-no-cap-sys-rawio", e == EPERM,
          "uid 1000 opening a mode 0666 node: " + (e > 0 ? std::string(std::strerror(e)) : std::to_string(e)));
+
+  // unprivileged=1: a member of the device's group uses it without
+  // CAP_SYS_RAWIO where an IOMMU confines the controller; nobody else.
+  const std::string param = "/sys/module/bam_nvme/parameters/unprivileged";
+  const bool iommu = bam::pci_transport(dev).iommu();
+  write_file(param, "1");
+  ::chown(dev.c_str(), 0, 1000);
+  ::chmod(dev.c_str(), 0660);
+  const std::string member = run_as(1000, 1000, [&]() -> std::string {
+    try {
+      session s(dev);
+      const std::uint32_t bs = s.c->ns(1).lba_size;
+      const std::uint64_t lba = s.c->ns(1).blocks / 2;
+      auto buf = s.t->alloc(8 * bs);
+      for (std::uint32_t i = 0; i < 8; ++i)
+        fill_block(buf->as<unsigned char>() + i * bs, bs, lba + i, 77);
+      s.c->write(1, lba, 8, *buf);
+      std::memset(buf->data(), 0, 8 * bs);
+      s.c->read(1, lba, 8, *buf);
+      for (std::uint32_t i = 0; i < 8; ++i)
+        if (!check_block(buf->as<unsigned char>() + i * bs, bs, lba + i, 77)) return "read back differs";
+      bam_kmod_admin a{};
+      a.opcode = 0x80; // Format NVM
+      a.nsid = 1;
+      errno = 0;
+      const int rc = ::ioctl(s.t->fd(), BAM_KMOD_IOC_ADMIN, &a);
+      if (rc == 0 || errno != EPERM)
+        return std::string("Format NVM answered ") + (rc == 0 ? "success" : std::strerror(errno));
+      return "ok: I/O on queue pairs " + std::to_string(s.c->io_queue(0).qid) + ".., Format NVM refused (EPERM)";
+    } catch (const std::exception& ex) {
+      return ex.what();
+    }
+  });
+  if (iommu)
+    report("unprivileged-group-member-works", member.rfind("ok:", 0) == 0,
+           "uid 1000, group 1000, unprivileged=1, IOMMU: " + member);
+  else
+    report("unprivileged-group-member-needs-iommu", member.find("CAP_SYS_RAWIO") != std::string::npos,
+           "uid 1000, group 1000, unprivileged=1, no IOMMU: " + member);
+  e = open_errno_as(1001, 1001, dev);
+  report("unprivileged-other-user-refused", e == EACCES,
+         "uid 1001, group 1001, mode 0660 root:1000: " + (e > 0 ? std::string(std::strerror(e)) : std::to_string(e)));
+  write_file(param, "0");
+  ::chown(dev.c_str(), st.st_uid, st.st_gid);
   ::chmod(dev.c_str(), st.st_mode & 07777);
 }
 
@@ -746,6 +927,332 @@ void case_kill(const std::string& dev) {
   report("pins-zero-after-close", pins_released(&d2), d2);
 }
 
+// ---------------------------------------------------------------------------
+// Several processes on one controller
+
+//! What a child of case_multi tells the parent.
+struct multi_msg {
+  enum kind_t : int { ready = 1, done = 2, failed = 3 } kind = failed;
+  std::uint32_t nqids = 0;
+  std::uint16_t qids[8] = {};
+  std::uint64_t passes = 0, verified = 0, bad = 0;
+  char text[400] = {};
+};
+
+struct multi_child {
+  pid_t pid = -1;
+  int to = -1;   //!< parent -> child: 'g' go, 's' stop
+  int from = -1; //!< child -> parent: multi_msg
+  multi_msg first;
+};
+
+void send_msg(int fd, multi_msg m) { (void)!::write(fd, &m, sizeof m); }
+bool recv_msg(int fd, multi_msg& m) { return ::read(fd, &m, sizeof m) == static_cast<ssize_t>(sizeof m); }
+
+//! A child: its own session (queue pairs from the module), then passes of
+//! writing every block of [lo, lo + n) and verifying every block, until the
+//! parent says stop (a victim is never told: it is killed mid-pass).
+void multi_child_main(const std::string& dev, int to, int from, std::uint64_t lo, std::uint64_t n, std::uint64_t tag) {
+  multi_msg m;
+  try {
+    session s(dev);
+    auto& c = *s.c;
+    m.kind = multi_msg::ready;
+    m.nqids = std::min<std::uint32_t>(c.io_queue_count(), 8);
+    for (std::uint32_t i = 0; i < m.nqids; ++i)
+      m.qids[i] = c.io_queue(i).qid;
+    send_msg(from, m);
+    char go = 0;
+    if (::read(to, &go, 1) != 1) ::_exit(1);
+    const std::uint32_t bs = c.ns(1).lba_size;
+    constexpr std::uint32_t run = 16;
+    auto buf = s.t->alloc(run * bs);
+    m = {};
+    for (std::uint64_t gen = tag * 1000 + 1;; ++gen) {
+      for (std::uint64_t b = 0; b < n; b += run) {
+        const auto k = static_cast<std::uint32_t>(std::min<std::uint64_t>(run, n - b));
+        for (std::uint32_t i = 0; i < k; ++i)
+          fill_block(buf->as<unsigned char>() + i * bs, bs, lo + b + i, gen);
+        c.write(1, lo + b, k, *buf, 0, static_cast<std::uint32_t>((b / run) % c.io_queue_count()));
+      }
+      for (std::uint64_t b = 0; b < n; b += run) {
+        const auto k = static_cast<std::uint32_t>(std::min<std::uint64_t>(run, n - b));
+        std::memset(buf->data(), 0xee, std::size_t{k} * bs);
+        c.read(1, lo + b, k, *buf, 0, static_cast<std::uint32_t>((b / run) % c.io_queue_count()));
+        for (std::uint32_t i = 0; i < k; ++i) {
+          if (check_block(buf->as<unsigned char>() + i * bs, bs, lo + b + i, gen))
+            ++m.verified;
+          else
+            ++m.bad;
+        }
+      }
+      ++m.passes;
+      pollfd p{to, POLLIN, 0};
+      if (::poll(&p, 1, 0) == 1) break;
+    }
+    m.kind = multi_msg::done;
+  } catch (const std::exception& e) {
+    m.kind = multi_msg::failed;
+    std::snprintf(m.text, sizeof m.text, "%s", e.what());
+  }
+  send_msg(from, m);
+  ::_exit(0);
+}
+
+multi_child spawn_multi_child(const std::string& dev, std::uint64_t lo, std::uint64_t n, std::uint64_t tag) {
+  int to[2], from[2];
+  multi_child c;
+  if (::pipe(to) != 0 || ::pipe(from) != 0) return c;
+  c.pid = ::fork();
+  if (c.pid == 0) {
+    ::close(to[1]);
+    ::close(from[0]);
+    multi_child_main(dev, to[0], from[1], lo, n, tag);
+  }
+  ::close(to[0]);
+  ::close(from[1]);
+  c.to = to[1];
+  c.from = from[0];
+  return c;
+}
+
+std::string qid_list(const multi_msg& m) {
+  std::string s;
+  for (std::uint32_t i = 0; i < m.nqids; ++i)
+    s += (s.empty() ? "" : ",") + std::to_string(m.qids[i]);
+  return s.empty() ? "-" : s;
+}
+
+std::string sysfs_of(const std::string& dev, const std::string& attr) {
+  std::ifstream f("/sys/class/bam-nvme/" + dev.substr(dev.rfind('/') + 1) + "/" + attr);
+  std::string all, line;
+  while (std::getline(f, line))
+    all += line + "\n";
+  return all;
+}
+
+//! `bam list` as a user runs it; every line also goes to the log.
+std::string bam_list() {
+  std::string out;
+  if (FILE* p = ::popen("/bin/bam list 2>&1", "r")) {
+    char line[512];
+    while (std::fgets(line, sizeof line, p) != nullptr) {
+      out += line;
+      std::string l(line);
+      if (!l.empty() && l.back() == '\n') l.pop_back();
+      info("bam list", l);
+    }
+    ::pclose(p);
+  }
+  return out;
+}
+
+//! `nproc` processes, each with its own queue pairs, write and verify
+//! disjoint LBA ranges at once. With `kill_one`, the last of them is
+//! SIGKILLed mid-I/O; the others go on, its queue pairs must be deleted and
+//! a new process gets the same ids again.
+void multi_run(const std::string& dev, unsigned nproc, bool kill_one) {
+  const std::string tag = "multi-" + std::to_string(nproc);
+  std::uint64_t ns_blocks = 0, total = 0;
+  {
+    bam::pci_transport t(dev);
+    total = t.ctrl_info().queues_total;
+    session s(dev);
+    ns_blocks = s.c->ns(1).blocks;
+  }
+  // Disjoint ranges in the first half (the kill case keeps data at the end).
+  const std::uint64_t span = std::min<std::uint64_t>(ns_blocks / 2 / nproc, 512);
+  std::vector<multi_child> kids;
+  for (unsigned i = 0; i < nproc; ++i) {
+    kids.push_back(spawn_multi_child(dev, i * span, span, i + 1));
+    if (!recv_msg(kids.back().from, kids.back().first)) kids.back().first.kind = multi_msg::failed;
+  }
+  std::vector<std::size_t> ready;
+  std::string refusals;
+  for (std::size_t i = 0; i < kids.size(); ++i) {
+    if (kids[i].first.kind == multi_msg::ready)
+      ready.push_back(i);
+    else
+      refusals += std::string(refusals.empty() ? "" : " | ") + kids[i].first.text;
+  }
+  // Each child asks for opt.queues pairs: the controller has them or says it has not.
+  const std::size_t can = std::min<std::size_t>(nproc, total);
+  if (ready.size() < nproc)
+    report(tag + "-exhausted",
+           ready.size() == can && refusals.find("no I/O queue pair left") != std::string::npos &&
+               refusals.find("I/O queue pairs, 0 free") != std::string::npos,
+           std::to_string(ready.size()) + " of " + std::to_string(nproc) +
+               " processes got queue pairs (the controller has " + std::to_string(total) + "): " + refusals);
+  std::string holders;
+  for (auto i : ready)
+    holders += (holders.empty() ? "" : ", ") + std::string("pid ") + std::to_string(kids[i].pid) + ": " +
+               qid_list(kids[i].first);
+  if (nproc == 4) {
+    const std::string table = bam_list();
+    bool all_listed = true;
+    for (auto i : ready)
+      all_listed = all_listed && table.find("  " + std::to_string(kids[i].pid) + " ") != std::string::npos &&
+                   table.find(qid_list(kids[i].first)) != std::string::npos;
+    std::string flat = table;
+    std::replace(flat.begin(), flat.end(), '\n', '|');
+    report(tag + "-bam-list", all_listed, flat);
+  }
+  const bool victim = kill_one && ready.size() >= 2;
+  for (auto i : ready)
+    (void)!::write(kids[i].to, "g", 1);
+
+  std::string kill_detail = "no process killed";
+  if (victim) {
+    multi_child& v = kids[ready.back()];
+    const auto free_before = sysfs_of(dev, "io_queues");
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ::kill(v.pid, SIGKILL);
+    const int st = wait_status(v.pid);
+    // Release runs before the parent hears of the death.
+    const std::string clients = sysfs_of(dev, "clients");
+    const bool gone = clients.find(std::to_string(v.pid) + " ") == std::string::npos;
+    // A new process gets the ids back (the controller accepted Create again).
+    multi_child again = spawn_multi_child(dev, nproc * span, span, 99);
+    multi_msg m;
+    const bool got = recv_msg(again.from, m) && m.kind == multi_msg::ready;
+    bool same = got && m.nqids >= v.first.nqids;
+    for (std::uint32_t i = 0; same && i < v.first.nqids; ++i)
+      same = std::find(m.qids, m.qids + m.nqids, v.first.qids[i]) != m.qids + m.nqids;
+    ::close(again.to); // its read of 'go' fails: it exits
+    wait_status(again.pid);
+    ::close(again.from);
+    report(tag + "-killed-queues-deleted", WIFSIGNALED(st) && gone && same,
+           "pid " + std::to_string(v.pid) + " held " + qid_list(v.first) +
+               ", SIGKILLed mid-I/O: " + (gone ? "gone from clients" : "still listed: " + clients) +
+               "; a new process got " + (got ? qid_list(m) : std::string(m.text)) +
+               " (io_queues before the kill: " + free_before.substr(0, free_before.size() - 1) + ")");
+    kill_detail = "pid " + std::to_string(v.pid) + " killed mid-I/O";
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  bool ok = true;
+  std::string results;
+  for (std::size_t r = 0; r < ready.size() - (victim ? 1 : 0); ++r) {
+    multi_child& k = kids[ready[r]];
+    (void)!::write(k.to, "s", 1);
+    multi_msg m;
+    const bool got = recv_msg(k.from, m);
+    wait_status(k.pid);
+    ok = ok && got && m.kind == multi_msg::done && m.bad == 0 && m.verified >= span && m.passes >= 1;
+    results += (results.empty() ? "" : "; ") + std::string("pid ") + std::to_string(k.pid) + ": " +
+               (got && m.kind == multi_msg::done ? std::to_string(m.passes) + " passes, " + std::to_string(m.verified) +
+                                                       " blocks verified, " + std::to_string(m.bad) + " bad"
+                                                 : std::string(m.text));
+  }
+  for (auto& k : kids) {
+    if (k.first.kind != multi_msg::ready) wait_status(k.pid);
+    ::close(k.to);
+    ::close(k.from);
+  }
+  report(tag + "-disjoint-write-verify", ok && !ready.empty(),
+         std::to_string(ready.size()) + " processes (" + holders + ") on " + std::to_string(span) + " blocks each; " +
+             kill_detail + "; " + results);
+}
+
+void case_multi(const std::string& dev) {
+  multi_run(dev, 2, false);
+  multi_run(dev, 4, true);
+  std::string d;
+  report("multi-pins-zero", pins_released(&d), d);
+}
+
+//! Queue pairs are bounded per file (module parameter) and per controller,
+//! with errors that name the numbers; destructive admin commands wait for
+//! the only open file.
+void case_queues(const std::string& dev) {
+  const std::string param = "/sys/module/bam_nvme/parameters/max_queues_per_file";
+  auto t = std::make_shared<bam::pci_transport>(dev);
+  const std::uint32_t total = t->ctrl_info().queues_total;
+  std::vector<std::unique_ptr<bam::dma_region>> rings;
+  std::vector<std::uint16_t> qids;
+  auto create = [&](bam::pci_transport& tr) {
+    rings.push_back(tr.alloc(2 * bam::dma_page_size));
+    qids.push_back(tr.create_io_queue_pair(*rings.back(), 0, bam::dma_page_size, 2));
+  };
+  if (total >= 3) {
+    write_file(param, "2");
+    std::string err;
+    int e = 0;
+    try {
+      create(*t);
+      create(*t);
+      create(*t);
+    } catch (const bam::error& ex) {
+      err = ex.what();
+      e = ex.errnum();
+    }
+    report("queue-share-exhausted",
+           e == EDQUOT && qids.size() == 2 && err.find("holds 2 of at most 2") != std::string::npos,
+           std::to_string(qids.size()) + " pairs, then: " + err);
+    write_file(param, "0");
+    for (auto q : qids)
+      t->delete_io_queue_pair(q);
+    qids.clear();
+    rings.clear();
+  }
+  // The whole controller: every pair, then a clear refusal.
+  std::string err;
+  int e = 0;
+  try {
+    for (std::uint32_t i = 0; i <= total; ++i)
+      create(*t);
+  } catch (const bam::error& ex) {
+    err = ex.what();
+    e = ex.errnum();
+  }
+  const std::string counts = "the controller has " + std::to_string(total) + " I/O queue pairs, 0 free";
+  report("queue-controller-exhausted", e == ENOSPC && qids.size() == total && err.find(counts) != std::string::npos,
+         std::to_string(qids.size()) + " pairs in one process, then: " + err);
+  // Another process gets none while they are held, and a clear error.
+  const std::string other = run_as(0, 0, [&]() -> std::string {
+    try {
+      session s(dev);
+      return "got " + std::to_string(s.c->io_queue_count()) + " queue pairs";
+    } catch (const std::exception& ex) {
+      return ex.what();
+    }
+  });
+  report("queue-exhausted-other-process", other.find("no I/O queue pair left") != std::string::npos, other);
+  for (auto q : qids)
+    t->delete_io_queue_pair(q);
+  qids.clear();
+  rings.clear();
+
+  // Destructive admin commands: refused while another file is open, then
+  // allowed (as root) to the only one. Set Features writes back the
+  // temperature threshold it reads, which changes nothing.
+  bam_kmod_admin get{};
+  get.opcode = 0x0a;
+  get.cdw10 = 0x04; // Temperature Threshold
+  const bool got = ::ioctl(t->fd(), BAM_KMOD_IOC_ADMIN, &get) == 0 && get.status == 0;
+  bam_kmod_admin set{};
+  set.opcode = 0x09;
+  set.cdw10 = 0x04;
+  set.cdw11 = get.result & 0xffff;
+  bam_kmod_admin format{};
+  format.opcode = 0x80;
+  format.nsid = 1;
+  int busy_set = 0, busy_format = 0;
+  {
+    session holder(dev); // another process would do the same: it holds queue pairs
+    errno = 0;
+    busy_set = ::ioctl(t->fd(), BAM_KMOD_IOC_ADMIN, &set) == 0 ? 0 : errno;
+    busy_format = ::ioctl(t->fd(), BAM_KMOD_IOC_ADMIN, &format) == 0 ? 0 : errno;
+  }
+  report("admin-destructive-refused-while-shared", got && busy_set == EBUSY && busy_format == EBUSY,
+         std::string("Set Features: ") + std::strerror(busy_set) + ", Format NVM: " + std::strerror(busy_format) +
+             " while another open file holds queue pairs");
+  errno = 0;
+  const int rc = ::ioctl(t->fd(), BAM_KMOD_IOC_ADMIN, &set);
+  report("admin-destructive-sole-root", rc == 0 && set.status == 0,
+         std::string("Set Features (temperature threshold ") + std::to_string(get.result & 0xffff) +
+             " K) as the only file: " + (rc == 0 ? "status " + hex(set.status) : std::string(std::strerror(errno))));
+}
+
 //! Read or write `nblocks` at `lba` with a command built here and sent on
 //! I/O queue 0 as it is: what the controller itself answers, with no driver
 //! check (range, MDTS) in the way.
@@ -871,18 +1378,22 @@ void case_ioctl_fuzz(const std::string& dev) {
   std::mt19937_64 rng(std::random_device{}());
   auto coin = [&] { return (rng() & 1) != 0; };
   auto small_len = [&] { return (1 + rng() % 16) * bam::dma_page_size; };
-  const std::vector<int> documented = {0,      EINVAL, E2BIG, EFAULT,     ENOMEM, EACCES,
-                                       ENODEV, ENOTTY, EBADF, EOPNOTSUPP, EPERM,  EBUSY};
+  const std::vector<int> documented = {0,     EINVAL,     E2BIG, EFAULT, ENOMEM, EACCES, ENODEV, ENOTTY,
+                                       EBADF, EOPNOTSUPP, EPERM, EBUSY,  ENOSPC, EDQUOT, EIO};
   std::map<int, std::uint64_t> answers;
   std::vector<std::uint64_t> handles;
   std::string odd;
-  const unsigned long cmds[] = {BAM_KMOD_IOC_VERSION,    BAM_KMOD_IOC_INFO,    BAM_KMOD_IOC_MAP_HOST,
-                                BAM_KMOD_IOC_MAP_DMABUF, BAM_KMOD_IOC_MAP_GPU, BAM_KMOD_IOC_UNMAP,
-                                BAM_KMOD_IOC_ALLOC};
+  const unsigned long cmds[] = {BAM_KMOD_IOC_VERSION,      BAM_KMOD_IOC_INFO,      BAM_KMOD_IOC_MAP_HOST,
+                                BAM_KMOD_IOC_MAP_DMABUF,   BAM_KMOD_IOC_MAP_GPU,   BAM_KMOD_IOC_UNMAP,
+                                BAM_KMOD_IOC_ALLOC,        BAM_KMOD_IOC_CTRL_INFO, BAM_KMOD_IOC_QUEUE_CREATE,
+                                BAM_KMOD_IOC_QUEUE_DELETE, BAM_KMOD_IOC_ADMIN,     BAM_KMOD_IOC_EXCLUSIVE};
+  // Commands that would change the device (the fuzzer runs as root and alone): never sent.
+  const std::uint32_t destructive[] = {0x09, 0x0d, 0x10, 0x11, 0x14, 0x15, 0x80, 0x84};
+  std::vector<std::uint32_t> qids;
   std::uint64_t calls = 0;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(opt.seconds);
   while (std::chrono::steady_clock::now() < deadline) {
-    alignas(8) unsigned char arg[64];
+    alignas(8) unsigned char arg[128];
     for (auto& b : arg)
       b = static_cast<unsigned char>(rng());
     unsigned long cmd = cmds[rng() % std::size(cmds)];
@@ -913,6 +1424,36 @@ void case_ioctl_fuzz(const std::string& dev) {
         d.bus_addrs = reinterpret_cast<std::uintptr_t>(bus.data());
         d.bus_addr_count = static_cast<std::uint32_t>(bus.size());
         std::memcpy(arg, &d, sizeof d);
+      } else if (cmd == BAM_KMOD_IOC_QUEUE_CREATE && !handles.empty()) {
+        bam_kmod_queue_create q{};
+        q.sq_handle = handles[rng() % handles.size()];
+        q.cq_handle = coin() ? q.sq_handle : handles[rng() % handles.size()];
+        q.sq_offset = (rng() % 4) * bam::dma_page_size;
+        q.cq_offset = (rng() % 4) * bam::dma_page_size;
+        q.depth = 2 + static_cast<std::uint32_t>(rng() % 300);
+        std::memcpy(arg, &q, sizeof q);
+      } else if (cmd == BAM_KMOD_IOC_QUEUE_DELETE) {
+        bam_kmod_queue_delete d{};
+        d.qid = !qids.empty() && coin() ? qids[rng() % qids.size()] : static_cast<std::uint32_t>(rng() % 80);
+        std::memcpy(arg, &d, sizeof d);
+      } else if (cmd == BAM_KMOD_IOC_ADMIN) {
+        bam_kmod_admin a{};
+        const std::uint32_t reads[] = {0x02, 0x06, 0x0a};
+        a.opcode = reads[rng() % 3];
+        a.nsid = static_cast<std::uint32_t>(rng() % 5);
+        a.cdw10 =
+            static_cast<std::uint32_t>(rng() % 0x20) | (coin() ? 0u : static_cast<std::uint32_t>(rng() % 1024) << 16);
+        a.data = coin() ? base : 0;
+        a.data_len = a.data != 0 ? static_cast<std::uint32_t>(rng() % 8193) : 0;
+        std::memcpy(arg, &a, sizeof a);
+      }
+    }
+    if (cmd == BAM_KMOD_IOC_ADMIN) {
+      bam_kmod_admin a;
+      std::memcpy(&a, arg, sizeof a);
+      if (std::find(std::begin(destructive), std::end(destructive), a.opcode) != std::end(destructive)) {
+        a.opcode = 0x06;
+        std::memcpy(arg, &a, sizeof a);
       }
     }
     void* p = rng() % 16 == 0 ? reinterpret_cast<void*>(rng()) : static_cast<void*>(arg);
@@ -923,6 +1464,11 @@ void case_ioctl_fuzz(const std::string& dev) {
     ++calls;
     if (std::find(documented.begin(), documented.end(), e) == documented.end() && odd.empty())
       odd = "cmd " + hex(cmd) + " answered " + std::strerror(e);
+    if (rc == 0 && cmd == BAM_KMOD_IOC_QUEUE_CREATE) {
+      bam_kmod_queue_create q;
+      std::memcpy(&q, arg, sizeof q);
+      qids.push_back(q.qid);
+    }
     if (rc == 0 && (cmd == BAM_KMOD_IOC_MAP_HOST || cmd == BAM_KMOD_IOC_ALLOC)) {
       std::uint64_t h = 0;
       std::memcpy(&h, arg + (cmd == BAM_KMOD_IOC_ALLOC ? 16 : 32), sizeof h);
@@ -983,7 +1529,7 @@ void case_mark(const std::string& dev) {
 int main(int argc, char** argv) {
   if (argc < 3) {
     std::fprintf(stderr,
-                 "usage: %s all|identify|geometry|io|dmabuf|args|unpriv|fork|kill|mark|ioctl-fuzz DEVICE "
+                 "usage: %s all|identify|geometry|io|dmabuf|args|unpriv|fork|kill|multi|queues|mark|ioctl-fuzz DEVICE "
                  "[--blocks N] [--threads N] [--queues N] [--depth N] [--expect NSID:LBA,...] "
                  "[--inactive NSID,...] [--seconds N]\n",
                  argv[0]);
@@ -1020,6 +1566,8 @@ int main(int argc, char** argv) {
       {"unpriv", [&] { case_unpriv(dev); }},
       {"fork", [&] { case_fork(dev); }},
       {"kill", [&] { case_kill(dev); }},
+      {"multi", [&] { case_multi(dev); }},
+      {"queues", [&] { case_queues(dev); }},
       {"mark", [&] { case_mark(dev); }},
       {"ioctl-fuzz", [&] { case_ioctl_fuzz(dev); }},
   };

@@ -3,7 +3,10 @@
 //! controller up by the spec over any `bam::transport` (the kernel module's
 //! PCI transport, or the software controller), creates I/O queue pairs where
 //! the caller says (host memory, or GPU memory for GPU submitters), and
-//! offers synchronous block I/O from host threads.
+//! offers synchronous block I/O from host threads. When the transport says
+//! the controller's admin queue is someone else's (the kernel module, which
+//! shares one controller among processes), it skips the bring-up, asks the
+//! transport for its I/O queue pairs and sends admin commands through it.
 //!
 //! @code
 //!   auto t = bam::emu::make_ram_emulated_controller(64 << 20);   // or a pci_transport
@@ -131,7 +134,11 @@ public:
     check_queue_index(i);
     return io_[i].ref;
   }
+  //! The admin queue (empty on a shared controller: admin commands go through `admin`).
   nvme::queue_pair_ref admin_queue() const { return admin_.ref; }
+  //! The controller is shared: its admin queue belongs to the transport's
+  //! owner (the kernel module), which gave this driver its I/O queue pairs.
+  bool shared() const { return shared_; }
 
   //! Largest transfer one command may move (MDTS, and what one PRP list
   //! chain of the driver describes).
@@ -171,6 +178,7 @@ private:
     void* state = nullptr;
     bool created_cq = false;
     bool created_sq = false;
+    bool granted = false; //!< a pair from transport::create_io_queue_pair (shared controller)
   };
 
   //! One host command in flight in `block_io`.
@@ -190,8 +198,11 @@ private:
 
   // bring-up and teardown (detail/controller_impl.hpp)
   void bring_up();
+  void enable_with_admin_queue(std::uint32_t mqes);
+  void identify_and_create_queues(std::uint32_t mqes);
   void identify_namespaces();
-  queue_resources make_queue(std::uint16_t qid, std::uint32_t depth, std::uint64_t timeout_ns, bool on_device);
+  queue_resources make_queue(std::uint16_t qid, std::uint32_t depth, std::uint64_t timeout_ns, bool on_device,
+                             std::unique_ptr<dma_region> rings = nullptr);
   void check_contiguous(const dma_region& r, std::size_t offset, std::size_t bytes, std::uint16_t qid,
                         const char* which) const;
   void release_queues();
@@ -227,6 +238,9 @@ private:
   //! LBA data sizes (log2) a namespace may have to be used.
   static constexpr unsigned min_lba_shift = 9, max_lba_shift = 24;
   static std::size_t cq_offset(std::uint32_t depth) { return bam::transport::round_up(sizeof(nvme::command) * depth); }
+  static std::size_t ring_bytes(std::uint32_t depth) {
+    return cq_offset(depth) + bam::transport::round_up(sizeof(nvme::completion) * depth);
+  }
   static void* host_state_alloc(std::size_t bytes);
   static std::string trim(const char* s, std::size_t n);
 
@@ -245,6 +259,7 @@ private:
   std::mutex quarantine_mutex_;
   std::vector<quarantined> quarantine_; //!< timed out, may still complete
   bool host_state_ = true;              //!< I/O queue state in host memory (the default allocator)
+  bool shared_ = false;                 //!< the transport's controller is up; its admin queue is not ours
   std::size_t max_transfer_ = 0;
   detail::prp_pool prp_;
 };

@@ -10,14 +10,19 @@
 //!
 //! @code
 //!   auto t = std::make_shared<bam::pci_transport>("/dev/bam-nvme0");
-//!   bam::controller ctrl(t);                     // bring-up over BAR0
+//!   bam::controller ctrl(t);                     // I/O queue pairs from the module
 //!   auto buf = t->alloc(1 << 20);                // pinned, DMA-mapped host memory
 //!   ctrl.read(1, 0, 8, *buf);
 //! @endcode
 //!
-//! Only the process that opened the device may use it; one process at a time
-//! per controller. A forked child inherits neither the registers nor the
-//! mappings. Closing (or dying) stops the controller and unpins everything.
+//! Several processes share a controller: the module brings it up and owns
+//! its admin queue; each process gets I/O queue pairs of its own (in its own
+//! memory) and sends admin commands through the module. With
+//! `pci_access::exclusive` one process takes the whole controller instead
+//! (BAR0 read-write, its own bring-up), which works only while no other
+//! process has it open. Only the process that opened the device may use it;
+//! a forked child inherits neither registers, queues nor mappings. Closing
+//! (or dying) deletes the process's queue pairs and then unpins everything.
 #pragma once
 
 #include <bam/error.hpp>
@@ -31,6 +36,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -48,12 +54,18 @@
 
 namespace bam {
 
+//! How a process opens a controller of the kernel module.
+enum class pci_access : std::uint8_t {
+  shared,    //!< the module runs the controller; I/O queue pairs on request (several processes)
+  exclusive, //!< the whole controller, registers included (no other process may have it open)
+};
+
 class pci_transport : public transport {
 public:
-  //! Open `/dev/bam-nvmeN`, check the module's ABI and map BAR0. Throws
-  //! `bam::error` saying what to do when the module or device is missing.
-  explicit pci_transport(const std::string& device = BAM_KMOD_DEVICE_PREFIX "0")
-      : dev_(std::make_shared<detail::kmod_device>(device)) {}
+  //! Open `/dev/bam-nvmeN`, check the module's ABI and map the registers.
+  //! Throws `bam::error` saying what to do when the module or device is missing.
+  explicit pci_transport(const std::string& device = BAM_KMOD_DEVICE_PREFIX "0", pci_access access = pci_access::shared)
+      : dev_(std::make_shared<detail::kmod_device>(device, access == pci_access::exclusive)) {}
 
   std::string name() const override { return dev_->path(); }
 
@@ -69,19 +81,116 @@ public:
   }
   //! The device file descriptor (for tests; do not close it).
   int fd() const noexcept { return dev_->fd(); }
+  //! What the module said of the controller at open (queue counts then).
+  const bam_kmod_ctrl_info& ctrl_info() const noexcept { return dev_->ctrl_info(); }
+  pci_access access() const noexcept { return dev_->shared() ? pci_access::shared : pci_access::exclusive; }
 
   std::uint32_t read32(std::uint32_t offset) override { return *reg(offset); }
-  void write32(std::uint32_t offset, std::uint32_t value) override { *reg(offset) = value; }
+  void write32(std::uint32_t offset, std::uint32_t value) override {
+    if (dev_->shared() && offset < BAM_KMOD_DOORBELL_OFFSET) {
+      error_context c = ctx(EPERM);
+      throw error("register " + std::to_string(offset) +
+                      " belongs to the kernel module, which runs this controller for every process "
+                      "(open it with bam::pci_access::exclusive to own it)",
+                  c);
+    }
+    *reg(offset) = value;
+  }
   volatile std::uint32_t* doorbell(std::uint32_t offset) override { return reg(offset); }
+
+  // ---- the module owns the admin queue (shared access) ----------------------
+
+  bool admin_queue_owned_elsewhere() const override { return dev_->shared(); }
+
+  std::uint32_t io_queue_pairs_available() override {
+    bam_kmod_ctrl_info i{};
+    if (::ioctl(dev_->fd(), BAM_KMOD_IOC_CTRL_INFO, &i) != 0)
+      throw_errno("asking bam_nvme for the controller's queue pairs", errno, name());
+    const std::uint32_t share = i.queues_per_file > i.queues_held ? i.queues_per_file - i.queues_held : 0;
+    return std::min(share, i.queues_free);
+  }
+
+  std::uint16_t create_io_queue_pair(const dma_region& rings, std::size_t sq_offset, std::size_t cq_offset,
+                                     std::uint32_t depth) override {
+    const std::uint64_t handle = dev_->handle_of(rings);
+    if (handle == 0) {
+      error_context c = ctx(EINVAL);
+      throw error("queue rings must be memory this transport mapped (alloc or map)", c);
+    }
+    bam_kmod_queue_create q{};
+    q.sq_handle = handle;
+    q.sq_offset = sq_offset;
+    q.cq_handle = handle;
+    q.cq_offset = cq_offset;
+    q.depth = depth;
+    if (::ioctl(dev_->fd(), BAM_KMOD_IOC_QUEUE_CREATE, &q) == 0) return static_cast<std::uint16_t>(q.qid);
+    const int e = errno;
+    const std::string counts = "the controller has " + std::to_string(q.queues_total) + " I/O queue pairs, " +
+                               std::to_string(q.queues_free) + " free; this process holds " +
+                               std::to_string(q.queues_held) + " of at most " + std::to_string(q.queues_per_file);
+    if (e == ENOSPC)
+      throw_errno("no I/O queue pair left on " + name() + ": " + counts + " (other processes hold the rest)", e,
+                  name());
+    if (e == EDQUOT)
+      throw_errno("this process may hold no more I/O queue pairs of " + name() + ": " + counts +
+                      " (module parameter max_queues_per_file)",
+                  e, name());
+    if (e == EIO && q.nvme_status != 0) {
+      error_context c = ctx(e);
+      c.status = nvme::status{static_cast<std::uint16_t>(q.nvme_status)};
+      throw error("the controller refused to create an I/O queue pair of " + std::to_string(depth) + " entries", c);
+    }
+    throw_errno("creating an I/O queue pair of " + std::to_string(depth) + " entries", e, name());
+  }
+
+  void delete_io_queue_pair(std::uint16_t qid) override {
+    bam_kmod_queue_delete d{};
+    d.qid = qid;
+    if (::ioctl(dev_->fd(), BAM_KMOD_IOC_QUEUE_DELETE, &d) != 0)
+      throw_errno("deleting I/O queue pair " + std::to_string(qid), errno, name());
+  }
+
+  nvme::status admin_passthrough(const nvme::command& cmd, void* data, std::size_t bytes, std::uint32_t& dw0) override {
+    bam_kmod_admin a{};
+    a.opcode = cmd.opcode;
+    a.nsid = cmd.nsid;
+    a.cdw10 = cmd.cdw10;
+    a.cdw11 = cmd.cdw11;
+    a.cdw12 = cmd.cdw12;
+    a.cdw13 = cmd.cdw13;
+    a.cdw14 = cmd.cdw14;
+    a.cdw15 = cmd.cdw15;
+    if (data != nullptr && bytes != 0) {
+      a.data = reinterpret_cast<std::uintptr_t>(data);
+      a.data_len = static_cast<std::uint32_t>(std::min<std::size_t>(bytes, BAM_KMOD_MAX_ADMIN_DATA));
+    }
+    if (::ioctl(dev_->fd(), BAM_KMOD_IOC_ADMIN, &a) != 0) {
+      const int e = errno;
+      char op[8];
+      std::snprintf(op, sizeof op, "%#x", cmd.opcode);
+      const std::string what = "admin command " + std::string(op) + " through bam_nvme";
+      if (e == EPERM)
+        throw_errno(what + " refused: only Identify, Get Log Page and Get Features are open to every process; "
+                           "commands that change the device need CAP_SYS_ADMIN",
+                    e, name());
+      if (e == EBUSY)
+        throw_errno(what + " refused: it changes the device for every user, and other processes have it open", e,
+                    name());
+      throw_errno(what, e, name());
+    }
+    dw0 = a.result;
+    return nvme::status{static_cast<std::uint16_t>(a.status)};
+  }
 
   //! A GPU pointer to the doorbell: BAR0 registered with CUDA as I/O memory
   //! (cudaHostRegisterIoMemory). nullptr without CUDA.
   volatile std::uint32_t* device_doorbell(std::uint32_t offset) override {
 #if BAM_PCI_TRANSPORT_CUDA
-    (void)reg(offset); // bounds check
+    (void)reg(offset); // bounds check (and, shared, the doorbell mapping)
     if (!dev_->bar_registered_) {
-      void* bar = const_cast<unsigned char*>(dev_->bar());
-      cudaError_t e = cudaHostRegister(bar, dev_->bar_map_bytes(), cudaHostRegisterIoMemory | cudaHostRegisterMapped);
+      void* bar = const_cast<unsigned char*>(dev_->registered());
+      cudaError_t e =
+          cudaHostRegister(bar, dev_->registered_bytes(), cudaHostRegisterIoMemory | cudaHostRegisterMapped);
       if (e != cudaSuccess)
         throw error(std::string("cudaHostRegister(BAR0, cudaHostRegisterIoMemory) failed: ") + cudaGetErrorString(e) +
                         " (the GPU cannot reach this controller's doorbells)",
@@ -94,7 +203,8 @@ public:
       dev_->bar_unregister_ = [](void* p) { cudaHostUnregister(p); };
       dev_->bar_registered_ = true;
     }
-    return reinterpret_cast<volatile std::uint32_t*>(static_cast<unsigned char*>(dev_->bar_device_) + offset);
+    const std::uint32_t base = dev_->shared() ? BAM_KMOD_DOORBELL_OFFSET : 0;
+    return reinterpret_cast<volatile std::uint32_t*>(static_cast<unsigned char*>(dev_->bar_device_) + offset - base);
 #else
     (void)offset;
     return nullptr;
@@ -193,13 +303,19 @@ public:
   }
 
 private:
+  //! Exclusive: BAR0. Shared: the register page (read-only) below the
+  //! doorbells, the doorbell mapping from there on.
   volatile std::uint32_t* reg(std::uint32_t offset) const {
-    if (offset % 4 != 0 || std::size_t{offset} + 4 > dev_->bar_bytes()) {
+    const bool doorbell = dev_->shared() && offset >= BAM_KMOD_DOORBELL_OFFSET;
+    const std::size_t limit = doorbell ? BAM_KMOD_DOORBELL_OFFSET + dev_->doorbell_bytes() : dev_->bar_bytes();
+    if (offset % 4 != 0 || std::size_t{offset} + 4 > limit) {
       error_context c = ctx(EINVAL);
-      throw error("register offset " + std::to_string(offset) + " outside BAR0 of " +
-                      std::to_string(dev_->bar_bytes()) + " bytes",
+      throw error("register offset " + std::to_string(offset) + " outside the " + std::to_string(limit) +
+                      " bytes of BAR0 mapped" + (dev_->shared() ? " (shared: registers and doorbells)" : ""),
                   c);
     }
+    if (doorbell)
+      return reinterpret_cast<volatile std::uint32_t*>(dev_->doorbells() + (offset - BAM_KMOD_DOORBELL_OFFSET));
     return reinterpret_cast<volatile std::uint32_t*>(dev_->bar() + offset);
   }
 

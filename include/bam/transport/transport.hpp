@@ -121,6 +121,38 @@ public:
   //! where the queue's waiters run; nullptr for a device.
   virtual const std::uint64_t* controller_run_ns(std::uint16_t /*qid*/) const { return nullptr; }
 
+  // ---- a controller whose admin queue someone else owns ---------------------
+  //
+  // The kernel module brings a controller up once and owns its admin queue,
+  // so that several processes share it: each asks for I/O queue pairs in its
+  // own memory and sends admin commands through the module. The driver then
+  // does no bring-up of its own (see `bam::controller`).
+
+  //! Whether the controller is already up and its admin queue belongs to
+  //! someone else (then the calls below serve the driver).
+  virtual bool admin_queue_owned_elsewhere() const { return false; }
+  //! I/O queue pairs this process may still get (the controller's free ones,
+  //! bounded by its share).
+  virtual std::uint32_t io_queue_pairs_available() { return 0; }
+  //! Create an I/O queue pair of `depth` entries whose SQ is at `sq_offset`
+  //! and CQ at `cq_offset` of `rings` (memory this transport mapped, each ring
+  //! contiguous in bus address space). Returns its queue id; throws
+  //! `bam::error` (errno ENOSPC or EDQUOT when none is left, with the numbers).
+  virtual std::uint16_t create_io_queue_pair(const dma_region& /*rings*/, std::size_t /*sq_offset*/,
+                                             std::size_t /*cq_offset*/, std::uint32_t /*depth*/) {
+    throw error("this transport creates no I/O queue pairs for the driver (it owns no admin queue)");
+  }
+  //! Delete a pair from `create_io_queue_pair` (SQ, then CQ); after it returns
+  //! the controller no longer touches its rings. Throws on failure.
+  virtual void delete_io_queue_pair(std::uint16_t /*qid*/) {}
+  //! Run one admin command through the admin queue's owner. `data` (host
+  //! memory, `bytes` long, or null) is written to or read by the controller
+  //! as the opcode says. Returns the completion status; `dw0` gets dword 0.
+  virtual nvme::status admin_passthrough(const nvme::command& /*cmd*/, void* /*data*/, std::size_t /*bytes*/,
+                                         std::uint32_t& /*dw0*/) {
+    throw error("this transport has no admin passthrough (it owns no admin queue)");
+  }
+
   //! Make `[ptr, ptr + size)` reachable by the controller. `ptr` and `size`
   //! must be multiples of `dma_page_size` (GPU memory: of
   //! `device_map_alignment()`). The memory stays the caller's.

@@ -53,7 +53,7 @@ inline controller::~controller() {
   try {
     if (state_ == controller_state::ready && !any_queue_broken()) {
       delete_io_queues();
-      if (opts_.shutdown_on_destroy) shutdown();
+      if (opts_.shutdown_on_destroy && !shared_) shutdown(); // a shared controller goes on for others
       stopped = true;
     }
   } catch (const std::exception& e) {
@@ -89,7 +89,16 @@ inline void controller::bring_up() {
   dstrd_ = static_cast<std::uint32_t>(cap_.bits.dstrd);
   // CAP.TO is the worst case for CSTS.RDY to change; 0 would mean no wait at all.
   state_timeout_ns_ = std::max<std::uint64_t>(cap_.bits.to, 1) * nvme::cap_timeout_unit_ms * 1'000'000ull;
+  const std::uint32_t mqes = static_cast<std::uint32_t>(cap_.bits.mqes) + 1;
+  // The controller is up and its admin queue someone else's (the kernel
+  // module, shared by several processes): identify through it, then ask it
+  // for I/O queue pairs.
+  shared_ = transport_->admin_queue_owned_elsewhere();
+  if (!shared_) enable_with_admin_queue(mqes);
+  identify_and_create_queues(mqes);
+}
 
+inline void controller::enable_with_admin_queue(std::uint32_t mqes) {
   state_ = controller_state::disable;
   nvme::cc_register cc{transport_->read32(nvme::reg::cc)};
   if (cc.bits.en) {
@@ -100,7 +109,6 @@ inline void controller::bring_up() {
   wait_csts([](nvme::csts_register s) { return s.bits.rdy == 0; }, false);
 
   state_ = controller_state::configure_admin_queue;
-  const std::uint32_t mqes = static_cast<std::uint32_t>(cap_.bits.mqes) + 1;
   const std::uint32_t admin_depth =
       std::clamp<std::uint32_t>(opts_.admin_depth, 2, std::min(mqes, nvme::max_admin_queue_entries));
   admin_ = make_queue(0, admin_depth, opts_.admin_timeout_ns, /*on_device=*/false);
@@ -122,7 +130,9 @@ inline void controller::bring_up() {
   transport_->write32(nvme::reg::cc, cc.raw);
   state_ = controller_state::wait_ready;
   wait_csts([](nvme::csts_register s) { return s.bits.rdy == 1; }, true);
+}
 
+inline void controller::identify_and_create_queues(std::uint32_t mqes) {
   state_ = controller_state::identify_controller;
   {
     auto page = transport_->alloc(nvme::identify_data_size);
@@ -142,12 +152,46 @@ inline void controller::bring_up() {
   state_ = controller_state::set_number_of_queues;
   std::uint32_t want = std::max<std::uint32_t>(opts_.io_queues, 1);
   want = std::min<std::uint32_t>(want, 65535);
-  const nvme::number_of_queues got{admin(nvme::make_set_num_queues(want, want))};
-  const std::uint32_t nqueues = std::min({want, got.bits.nsq + 1u, got.bits.ncq + 1u});
+  std::uint32_t nqueues = 0;
+  if (shared_) {
+    // What this process may still get; asking for one when none is left
+    // brings the transport's error, which names the numbers.
+    nqueues = std::max<std::uint32_t>(1, std::min(want, transport_->io_queue_pairs_available()));
+  } else {
+    const nvme::number_of_queues got{admin(nvme::make_set_num_queues(want, want))};
+    nqueues = std::min({want, got.bits.nsq + 1u, got.bits.ncq + 1u});
+  }
 
   state_ = controller_state::create_io_queues;
   io_depth_ = std::clamp<std::uint32_t>(opts_.queue_depth, 2, std::min(mqes, nvme::max_cids + 1));
   io_.reserve(nqueues);
+  if (shared_) {
+    for (std::uint32_t i = 0; i < nqueues; ++i) {
+      const std::size_t bytes = ring_bytes(io_depth_);
+      auto rings = opts_.ring_alloc(*transport_, bytes);
+      std::uint16_t qid = 0;
+      try {
+        qid = transport_->create_io_queue_pair(*rings, 0, cq_offset(io_depth_), io_depth_);
+      } catch (const error& e) {
+        // Another process took the last ones since: go on with fewer.
+        if (i > 0 && (e.errnum() == ENOSPC || e.errnum() == EDQUOT)) break;
+        throw;
+      }
+      try {
+        io_.push_back(make_queue(qid, io_depth_, opts_.io_timeout_ns, opts_.device_doorbells, std::move(rings)));
+      } catch (...) {
+        try {
+          transport_->delete_io_queue_pair(qid);
+        } catch (const std::exception& e) {
+          warn("controller " + name_ + ": " + e.what());
+        }
+        throw;
+      }
+      io_.back().granted = true;
+    }
+    state_ = controller_state::ready;
+    return;
+  }
   for (std::uint32_t i = 0; i < nqueues; ++i) {
     const auto qid = static_cast<std::uint16_t>(i + 1);
     io_.push_back(make_queue(qid, io_depth_, opts_.io_timeout_ns, opts_.device_doorbells));
@@ -161,10 +205,14 @@ inline void controller::bring_up() {
 }
 
 inline controller::queue_resources controller::make_queue(std::uint16_t qid, std::uint32_t depth,
-                                                          std::uint64_t timeout_ns, bool on_device) {
+                                                          std::uint64_t timeout_ns, bool on_device,
+                                                          std::unique_ptr<dma_region> rings) {
   queue_resources q;
-  const std::size_t bytes = cq_offset(depth) + bam::transport::round_up(sizeof(nvme::completion) * depth);
-  q.rings = qid == 0 ? transport_->alloc(bytes) : opts_.ring_alloc(*transport_, bytes);
+  const std::size_t bytes = ring_bytes(depth);
+  if (rings)
+    q.rings = std::move(rings);
+  else
+    q.rings = qid == 0 ? transport_->alloc(bytes) : opts_.ring_alloc(*transport_, bytes);
   // Queues are created physically contiguous (PC=1; CAP.CQR may demand it):
   // each ring must be one run of bus addresses.
   check_contiguous(*q.rings, 0, cq_offset(depth), qid, "submission");
@@ -310,6 +358,8 @@ inline void controller::identify_namespaces() {
 
 inline void controller::delete_io_queues() {
   for (auto it = io_.rbegin(); it != io_.rend(); ++it) {
+    if (it->granted) transport_->delete_io_queue_pair(it->ref.qid);
+    it->granted = false;
     if (it->created_sq) admin(nvme::make_delete_io_sq(it->ref.qid));
     it->created_sq = false;
     if (it->created_cq) admin(nvme::make_delete_io_cq(it->ref.qid));
@@ -349,8 +399,22 @@ inline bool controller::any_queue_broken() const {
 }
 
 //! CC.EN=0 and wait (bounded by CAP.TO) for CSTS.RDY=0: the controller stops
-//! all DMA and forgets its queues. Never throws.
+//! all DMA and forgets its queues. On a shared controller, this process's
+//! queue pairs are deleted instead (whoever owns the admin queue resets the
+//! controller if that fails). Never throws.
 inline void controller::reset_quietly() noexcept {
+  if (shared_) {
+    for (auto& q : io_) {
+      if (!q.granted) continue;
+      try {
+        transport_->delete_io_queue_pair(q.ref.qid);
+      } catch (const std::exception& e) {
+        warn("controller " + name_ + ": " + e.what());
+      }
+      q.granted = false;
+    }
+    return;
+  }
   try {
     nvme::cc_register cc{transport_->read32(nvme::reg::cc)};
     if (cc.raw == nvme::register_gone) return;
@@ -396,6 +460,20 @@ inline std::string controller::trim(const char* s, std::size_t n) {
 inline std::uint32_t controller::admin_raw(nvme::command cmd, const dma_region* data, std::size_t bytes,
                                            bool& may_complete_late) {
   may_complete_late = false;
+  if (shared_) {
+    // The admin queue's owner moves the data through its own buffer.
+    if (data != nullptr && data->kind() != memory_kind::host) {
+      error_context c;
+      c.controller = name_;
+      c.errnum = EINVAL;
+      throw error("admin command data must be host memory on a shared controller", c);
+    }
+    std::uint32_t dw0 = 0;
+    const nvme::status st = transport_->admin_passthrough(
+        cmd, data != nullptr ? data->data() : nullptr, data != nullptr ? (bytes != 0 ? bytes : data->size()) : 0, dw0);
+    if (!st.ok()) throw command_error("admin command failed", 0, cmd, st, std::nullopt);
+    return dw0;
+  }
   if (data != nullptr) {
     if (bytes == 0) bytes = data->size();
     set_prps(cmd, *data, 0, bytes, nullptr, nullptr, 0);
