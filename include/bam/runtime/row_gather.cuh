@@ -71,7 +71,7 @@ namespace bam {
 // The hot set, defined in <bam/runtime/hot_set.cuh> (included at the end):
 // the gathers take it, the hot set is filled by a gather.
 template <class T>
-struct hot_rows_ref;
+class hot_rows_ref;
 template <class T>
 class hot_rows;
 
@@ -118,7 +118,7 @@ BAM_DEVICE bool gather_row(const array_ref<T>& a, std::uint64_t id, std::uint64_
 template <class T>
 BAM_DEVICE bool gather_row(const array_ref<T>& a, std::uint64_t id, std::uint64_t row_width, T* out,
                            const hot_rows_ref<T>& hot) {
-  if (const T* h = row_width == hot.row_width ? hot.find(id) : nullptr; h != nullptr) {
+  if (const T* h = row_width == hot.row_width() ? hot.find(id) : nullptr; h != nullptr) {
     for (std::uint64_t k = detail::lane_id(); k < row_width; k += 32)
       out[k] = h[k];
     return true;
@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(gather_block_threads)
   for (std::uint64_t g = warp * group; g < count; g += warps * group) {
     // A negative id converts to a huge one: out of range.
     const std::uint64_t id = lane < group && g + lane < count ? static_cast<std::uint64_t>(ids[g + lane]) : ~0ull;
-    const bool cold = id < rows && (row_width != hot.row_width || hot.find(id) == nullptr);
+    const bool cold = id < rows && (row_width != hot.row_width() || hot.find(id) == nullptr);
     const std::uint64_t first = cold ? id * row_width : 0;
     row_pins pins;
     const bool holding = group > 1 && hold_row_pages(a, first, row_width, cold, pins);
