@@ -22,6 +22,8 @@ namespace detail {
 struct ref_access {
   // page_cache_ref
 
+  //! The pages' memory (slot s at `s * page_size()`).
+  BAM_HD static std::uint8_t* data(const page_cache_ref& c) { return c.data_; }
   BAM_HD static std::uint64_t* slots(const page_cache_ref& c) { return c.slots_; }
   BAM_HD static cache_set* sets(const page_cache_ref& c) { return c.sets_; }
   BAM_HD static std::uint64_t set_count(const page_cache_ref& c) { return c.nsets_; }
