@@ -186,7 +186,7 @@ __device__ __forceinline__ void array_body(bam::array_ref<std::uint32_t> a, std:
     } else if constexpr (Mode == array_mode::span) {
       auto pg = a.page(base + lane);
       const auto sp = pg.span();
-      if (sp.size == per_page) {
+      if (sp.size() == per_page) {
         // Unchecked loads, no branch between them: 32 in flight per lane at 4 KiB.
 #pragma unroll 32
         for (std::uint32_t k = lane; k < per_page; k += 32) {

@@ -136,7 +136,8 @@ __global__ void prefetch_kernel(bam::array_ref<std::uint32_t> a, layout l, std::
   const bool arrived = a.prefetch(i, true, &slot);
   const bool nothing_wanted = a.prefetch(i, false, nullptr);
   if (arrived) atomicAdd(&c->done, 1ull);
-  if (arrived == past_end || nothing_wanted || (arrived && slot >= a.cache.nslots)) atomicAdd(&c->errors, 1ull);
+  if (arrived == past_end || nothing_wanted || (arrived && slot >= bam::detail::ref_access::cache(a).slot_count()))
+    atomicAdd(&c->errors, 1ull);
   if (!past_end && a[i] != l.expected(i)) atomicAdd(&c->bad, 1ull);
 }
 
@@ -369,7 +370,7 @@ __global__ void page_walk_kernel(bam::array_ref<std::uint32_t> a, layout l, std:
       held += lane == 0 && pg.pinned();
       const bam::page_span<std::uint32_t> sp = use_span ? pg.span() : bam::page_span<std::uint32_t>{};
       for (std::uint64_t i = p0 + lane; i < end; i += 32) {
-        bad += (sp.size != 0 ? sp[i - sp.first] : pg[i]) != l.expected(i);
+        bad += (sp.size() != 0 ? sp[i - sp.first()] : pg[i]) != l.expected(i);
         ++done;
       }
     }
@@ -431,7 +432,7 @@ __global__ void page_early_exit_kernel(bam::array_ref<std::uint32_t> a, std::uin
     auto pg = a.page(pb * per_page);
     bad += !pg.pinned();
     const bam::page_span<std::uint32_t> sp = use_span ? pg.span() : bam::page_span<std::uint32_t>{};
-    bad += use_span && (sp.size != per_page || sp.first != pb * per_page);
+    bad += use_span && (sp.size() != per_page || sp.first() != pb * per_page);
     for (std::uint32_t k = lane; k < per_page; k += 32) {
       if (lane >= 16 && k >= 64) break;
       bad += (use_span ? sp[k] : pg[pb * per_page + k]) != l.expected(pb * per_page + k);
@@ -594,7 +595,7 @@ __global__ void one_page_warps_kernel(bam::array_ref<std::uint32_t> a, layout l,
   const std::uint64_t warp = (blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x) / 32;
   const std::uint64_t warps = static_cast<std::uint64_t>(gridDim.x) * blockDim.x / 32;
   const unsigned lane = threadIdx.x % 32;
-  const std::uint64_t per_page = 1ull << a.elem_shift;
+  const std::uint64_t per_page = a.elements_per_page();
   std::uint32_t* out = scratch + warp * per_page;
   unsigned long long bad = 0, found = 0, disagree = 0, high = 0;
   for (std::uint64_t p = warp; p < pages; p += warps) {
@@ -611,17 +612,18 @@ __global__ void one_page_warps_kernel(bam::array_ref<std::uint32_t> a, layout l,
       for (std::uint64_t k = lane; k < per_page; k += 32)
         bad += pg[base + k] != l.expected(base + k);
     }
-    const std::uint64_t key = a.key_of(base);
+    const bam::page_cache_ref& cache = bam::detail::ref_access::cache(a);
+    const std::uint64_t key = bam::detail::ref_access::key_of(a, base);
     bam::pin_result one{0, bam::pin_state::miss};
-    if (lane == 0) one = a.cache.pin(key, false);
-    const bam::pin_result all = a.cache.pin_warp(key, 0, 0);
+    if (lane == 0) one = cache.pin(key, false);
+    const bam::pin_result all = cache.pin_warp(key, 0, 0);
     if (lane == 0) {
       const bool hit1 = one.state == bam::pin_state::hit, hit2 = all.state == bam::pin_state::hit;
       disagree += hit1 != hit2 || (hit1 && one.slot != all.slot);
       found += hit2;
-      high += hit2 && all.slot % a.cache.ways >= 32;
-      if (hit1) a.cache.release(one.slot);
-      if (hit2) a.cache.release(all.slot);
+      high += hit2 && all.slot % cache.ways() >= 32;
+      if (hit1) cache.release(one.slot);
+      if (hit2) cache.release(all.slot);
     }
   }
   if (bad) atomicAdd(&c->bad, bad);
@@ -755,7 +757,7 @@ __global__ void element_check_kernel(bam::array_ref<T> a, layout l, T* scratch, 
       const T want = i % 3 != 0 ? written_element<T>(i) : expected_element<T>(l, i);
       bad += !same(r[i], want);
     }
-    r.release();
+    r.forget();
     // Every element again, through a page handle per 32 elements (two pages where a chunk crosses one).
     for (std::uint64_t k = lane; k < ((len + 31) / 32) * 32; k += 32) {
       const std::uint64_t i = begin + (k < len ? k : len - 1);

@@ -69,7 +69,8 @@ __global__ void slot_of_kernel(bam::array_ref<std::uint32_t> a, std::uint64_t i,
 //! the word as it was.
 __global__ void add_to_slot_kernel(bam::page_cache_ref c, std::uint32_t slot, std::uint64_t delta,
                                    unsigned long long* before) {
-  *before = atomicAdd(reinterpret_cast<unsigned long long*>(&c.slots[slot]), static_cast<unsigned long long>(delta));
+  *before = atomicAdd(reinterpret_cast<unsigned long long*>(&bam::detail::ref_access::slots(c)[slot]),
+                      static_cast<unsigned long long>(delta));
 }
 
 //! Every thread pins the page of `key` in `slot` and keeps what it gets:
@@ -276,13 +277,14 @@ __global__ void miss_beside_held_pin_kernel(bam::array_ref<std::uint32_t> a, std
   const std::uint64_t give_up = bam::detail::now_ns() + 2'000'000'000ull;
   if (blockIdx.x == 0) {
     if (threadIdx.x != 0) return;
-    const bam::pin_result p = a.cache.pin(a.key_of(held * 1024), false);
+    const bam::page_cache_ref& cache = bam::detail::ref_access::cache(a);
+    const bam::pin_result p = cache.pin(bam::detail::ref_access::key_of(a, held * 1024), false);
     *held_state = static_cast<unsigned>(p.state);
     flag(flags[0]).store(1, cuda::memory_order_release);
     if (p.state != bam::pin_state::hit) return;
     while (flag(flags[1]).load(cuda::memory_order_acquire) == 0 && bam::detail::now_ns() < give_up) {
     }
-    a.cache.release_read(p.slot, 0);
+    cache.release_read(p.slot, 0);
     return;
   }
   while (flag(flags[0]).load(cuda::memory_order_acquire) == 0 && bam::detail::now_ns() < give_up) {
@@ -555,7 +557,7 @@ TEST_CASE("a page pinned up to the limit refuses more pins and its count never r
   BAM_TEST_SYNC();
   std::uint32_t slot = 0;
   bam::copy_to_host(&slot, d_slot.get(), 1);
-  REQUIRE(slot < cache.ref().nslots);
+  REQUIRE(slot < cache.ref().slot_count());
   // 40 pins short of the limit; then 4096 threads ask for one each at once.
   constexpr std::uint64_t room = 40;
   bam::device_buffer<unsigned long long> d_word(1);
@@ -565,8 +567,7 @@ TEST_CASE("a page pinned up to the limit refuses more pins and its count never r
   bam::copy_to_host(&start, d_word.get(), 1);
   REQUIRE((start & slot_pin_mask) == 0); // nothing held it
   device_counters c;
-  const bam::array_ref<std::uint32_t> ar = a.ref();
-  const std::uint64_t key = bam::page_cache_ref::make_key(ar.space, ar.first_page + (5000 >> ar.elem_shift));
+  const std::uint64_t key = bam::detail::ref_access::key_of(a.ref(), 5000);
   pin_crowd_kernel<<<32, 128>>>(cache.ref(), slot, key, c.ptr());
   BAM_TEST_SYNC();
   const counters got = c.get();

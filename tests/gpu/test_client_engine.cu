@@ -212,7 +212,7 @@ TEST_CASE("CPU engine for GPU clients: a read that timed out never lands in the 
   {
     bam::page_cache cache({.page_size = 4096, .capacity = cache_bytes, .timeout_ns = 200'000'000});
     bam::array<std::uint32_t> a(cache, s, (8ull << 20) / 4);
-    old_lo = reinterpret_cast<std::uintptr_t>(cache.state()->ref().data);
+    old_lo = reinterpret_cast<std::uintptr_t>(bam::detail::ref_access::data(cache.ref()));
     bam::device_buffer<unsigned long long> bad(1);
     faults.set_paused(true); // the controller fetches nothing: every read times out
     read_check_kernel<<<4, 64>>>(a.ref(), bam_test::layout{0, 4096, 512, 1}, 1, bad.get());

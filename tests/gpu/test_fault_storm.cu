@@ -288,13 +288,16 @@ const bam::page_cache* storm_cache = nullptr;
 void dump_cache_state(const bam::page_cache& cache) {
   using namespace bam::detail;
   const bam::page_cache_ref r = cache.ref();
-  std::vector<std::uint64_t> words(r.nslots), words0(r.nslots);
-  std::vector<cache_set> sets(r.nsets), sets0(r.nsets);
+  const std::uint64_t nslots = r.slot_count(), nsets = ref_access::set_count(r);
+  const std::uint32_t ways = r.ways();
+  std::vector<std::uint64_t> words(nslots), words0(nslots);
+  std::vector<cache_set> sets(nsets), sets0(nsets);
   cudaStream_t s = nullptr;
   // Two snapshots a second apart: what still moves (a slow set) and what does not (a stuck one).
   auto snapshot = [&](std::vector<std::uint64_t>& w, std::vector<cache_set>& c) {
-    return cudaMemcpyAsync(w.data(), r.slots, w.size() * 8, cudaMemcpyDeviceToHost, s) == cudaSuccess &&
-           cudaMemcpyAsync(c.data(), r.sets, c.size() * sizeof(cache_set), cudaMemcpyDeviceToHost, s) == cudaSuccess &&
+    return cudaMemcpyAsync(w.data(), ref_access::slots(r), w.size() * 8, cudaMemcpyDeviceToHost, s) == cudaSuccess &&
+           cudaMemcpyAsync(c.data(), ref_access::sets(r), c.size() * sizeof(cache_set), cudaMemcpyDeviceToHost, s) ==
+               cudaSuccess &&
            cudaStreamSynchronize(s) == cudaSuccess;
   };
   if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess || !snapshot(words0, sets0) ||
@@ -303,25 +306,25 @@ void dump_cache_state(const bam::page_cache& cache) {
     return;
   }
   unsigned long long sets_moved = 0, slots_moved = 0, doomed = 0;
-  for (std::uint64_t set = 0; set < r.nsets; ++set) {
+  for (std::uint64_t set = 0; set < nsets; ++set) {
     sets_moved += sets[set].serving != sets0[set].serving;
     doomed += sets[set].doomed;
   }
-  for (std::uint64_t k = 0; k < r.nslots; ++k)
+  for (std::uint64_t k = 0; k < nslots; ++k)
     slots_moved += slot_progress_bits(words[k]) != slot_progress_bits(words0[k]);
   std::fprintf(stderr, "  in one second: %llu sets passed a turn, %llu slots changed state; %llu turns still doomed\n",
                sets_moved, slots_moved, doomed);
   unsigned long long waiting_sets = 0, waiters = 0, max_queue = 0;
   unsigned long long pinned = 0, busy = 0, lost = 0, valid = 0, dirty = 0, wb_failed = 0, error = 0, empty = 0;
   unsigned shown = 0;
-  for (std::uint64_t set = 0; set < r.nsets; ++set) {
+  for (std::uint64_t set = 0; set < nsets; ++set) {
     const std::uint32_t q = sets[set].next - sets[set].serving;
     if (q == 0) continue;
     ++waiting_sets;
     waiters += q;
     max_queue = std::max<unsigned long long>(max_queue, q);
-    for (std::uint32_t w = 0; w < r.ways; ++w) {
-      const std::uint64_t x = words[set * r.ways + w];
+    for (std::uint32_t w = 0; w < ways; ++w) {
+      const std::uint64_t x = words[set * ways + w];
       pinned += (x & slot_pin_mask) != 0;
       busy += (x & slot_busy) != 0;
       lost += slot_lost(x);
@@ -335,8 +338,8 @@ void dump_cache_state(const bam::page_cache& cache) {
       std::fprintf(stderr, "  set %llu: %u waiting (next %u, serving %u, a second ago %u), hand %u; slots:",
                    static_cast<unsigned long long>(set), q, sets[set].next, sets[set].serving, sets0[set].serving,
                    sets[set].hand);
-      for (std::uint32_t w = 0; w < r.ways; ++w) {
-        const std::uint64_t x = words[set * r.ways + w];
+      for (std::uint32_t w = 0; w < ways; ++w) {
+        const std::uint64_t x = words[set * ways + w];
         std::fprintf(stderr, " [pins %llu%s%s%s%s%s%s]", static_cast<unsigned long long>(x & slot_pin_mask),
                      x & slot_valid ? " valid" : "", x & slot_busy ? " busy" : "", x & slot_dirty ? " dirty" : "",
                      x & slot_error ? " error" : "", x & slot_wb_failed ? " wb_failed" : "",
@@ -349,8 +352,8 @@ void dump_cache_state(const bam::page_cache& cache) {
                "  cache: %llu slots in %llu sets; %llu sets with %llu misses waiting for their turn (longest %llu); "
                "their slots: %llu pinned, %llu busy, %llu lost, %llu valid, %llu dirty, %llu write-back failed, "
                "%llu error, %llu empty\n",
-               static_cast<unsigned long long>(r.nslots), static_cast<unsigned long long>(r.nsets), waiting_sets,
-               waiters, max_queue, pinned, busy, lost, valid, dirty, wb_failed, error, empty);
+               static_cast<unsigned long long>(nslots), static_cast<unsigned long long>(nsets), waiting_sets, waiters,
+               max_queue, pinned, busy, lost, valid, dirty, wb_failed, error, empty);
   cudaStreamDestroy(s);
 }
 

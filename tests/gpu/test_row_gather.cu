@@ -162,13 +162,15 @@ __global__ void hot_row_sum_kernel(bam::array_ref<std::uint32_t> a, bam::hot_row
 //! most after the owners let go.
 __global__ void held_pins_kernel(bam::array_ref<std::uint32_t> a, std::uint64_t width, unsigned long long* out) {
   const unsigned lane = threadIdx.x % 32;
+  const bam::page_cache_ref& cache = bam::detail::ref_access::cache(a);
   bam::detail::row_pins pins;
   const bool holding = bam::detail::hold_row_pages(a, lane * width, width, true, pins);
   auto most_pins = [&] {
     unsigned long long most = 0;
     for (int k = 0; k < 2; ++k) {
       const std::uint64_t w =
-          bam::detail::dev_atomic<std::uint64_t>(a.cache.slots[pins.slot[k]]).load(cuda::memory_order_relaxed);
+          bam::detail::dev_atomic<std::uint64_t>(bam::detail::ref_access::slots(cache)[pins.slot[k]])
+              .load(cuda::memory_order_relaxed);
       const unsigned long long n = pins.held[k] ? (w & bam::detail::slot_pin_mask) : 0;
       most = n > most ? n : most;
     }
@@ -178,7 +180,7 @@ __global__ void held_pins_kernel(bam::array_ref<std::uint32_t> a, std::uint64_t 
   const unsigned during = most_pins();
   __syncwarp();
   for (int k = 0; k < 2; ++k)
-    if (pins.own[k]) a.cache.release(pins.slot[k]);
+    if (pins.own[k]) cache.release(pins.slot[k]);
   __syncwarp();
   __threadfence();
   const unsigned after = most_pins();
@@ -500,12 +502,15 @@ struct cache_snapshot {
 template <class T>
 cache_snapshot snapshot(const bam::array<T>& a, cudaStream_t stream) {
   BAM_CUDA_TRY(cudaStreamSynchronize(stream));
-  const bam::page_cache_ref c = a.ref().cache;
+  using access = bam::detail::ref_access;
+  const bam::page_cache_ref c = access::cache(a.ref());
   cache_snapshot s;
-  s.sets.resize(c.nsets);
-  s.slots.resize(c.nslots);
-  BAM_CUDA_TRY(cudaMemcpy(s.sets.data(), c.sets, c.nsets * sizeof(bam::detail::cache_set), cudaMemcpyDeviceToHost));
-  BAM_CUDA_TRY(cudaMemcpy(s.slots.data(), c.slots, c.nslots * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
+  s.sets.resize(access::set_count(c));
+  s.slots.resize(c.slot_count());
+  BAM_CUDA_TRY(cudaMemcpy(s.sets.data(), access::sets(c), s.sets.size() * sizeof(bam::detail::cache_set),
+                          cudaMemcpyDeviceToHost));
+  BAM_CUDA_TRY(
+      cudaMemcpy(s.slots.data(), access::slots(c), s.slots.size() * sizeof(std::uint64_t), cudaMemcpyDeviceToHost));
   return s;
 }
 

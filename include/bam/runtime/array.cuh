@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: MIT
 //! `bam::array<T>`: an array of T on NVMe storage that GPU kernels index as if
 //! it were memory, through a `bam::page_cache`. `bam::array_ref<T>` is its
-//! trivially copyable handle, passed to kernels by value.
+//! trivially copyable handle, passed to kernels by value; it and the readers
+//! and page handles it makes are declared, with their calling conventions,
+//! in <bam/runtime/array_ref.cuh>.
 //!
 //!  - `a[i]` / `a.read(i)` (a value: `a[i] = v` does not compile),
 //!    `a.write(i, v)`: element access. Threads of a warp that touch the same
@@ -37,7 +39,7 @@
 
 #include <bam/cuda.cuh>
 #include <bam/file/mapped_file.hpp>
-#include <bam/runtime/detail/array_access.cuh>
+#include <bam/runtime/array_ref.cuh>
 #include <bam/runtime/page_cache.cuh>
 #include <bam/runtime/storage.cuh>
 
@@ -79,12 +81,7 @@ public:
     unsigned shift = 0;
     while ((1ull << shift) < per_page)
       ++shift;
-    ref_.cache = cache_->ref();
-    ref_.space = binding_.space;
-    ref_.first_page = binding_.first_page;
-    ref_.n = n;
-    ref_.elem_shift = shift;
-    ref_.err = err_.get();
+    ref_ = array_ref<T>(cache_->ref(), n, binding_.first_page, binding_.space, shift, err_.get());
   }
 
   //! An array over the file `path`: its size / sizeof(T) elements, read by

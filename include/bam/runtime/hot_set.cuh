@@ -35,33 +35,52 @@
 #include <cerrno>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace bam {
 
-//! Device view of a `hot_rows<T>`; the default one holds nothing. Which
-//! rows are hot is a bitmap with a running count per 64 rows (3 bytes per 16
-//! rows of the table, however few are hot): a row's place in `data` is the
-//! count of hot rows before it.
+//! Device view of a `hot_rows<T>` (`hot_rows::ref()`); a default-made one
+//! holds nothing. Which rows are hot is a bitmap with a running count per 64
+//! rows (3 bytes per 16 rows of the table, however few are hot): a row's
+//! place in the host copy is the count of hot rows before it.
 template <class T>
-struct hot_rows_ref {
-  const std::uint64_t* bits = nullptr;   //!< bit r % 64 of word r / 64: row r is hot
-  const std::uint32_t* before = nullptr; //!< hot rows before word w
-  const T* data = nullptr;               //!< the hot rows in increasing id order (pinned host memory, mapped)
-  std::uint64_t rows = 0;                //!< rows the bitmap covers: the table's whole rows
-  std::uint64_t row_width = 0;
+class hot_rows_ref {
+public:
+  //! A view that holds no row.
+  hot_rows_ref() = default;
 
-  //! Row `id` in host memory, or nullptr when it is not hot.
-  BAM_DEVICE const T* find(std::uint64_t id) const {
-    if (bits == nullptr || id >= rows) return nullptr;
-    const std::uint64_t w = bits[id >> 6];
-    const std::uint64_t bit = 1ull << (id & 63);
-    if ((w & bit) == 0) return nullptr;
-    const std::uint64_t k = before[id >> 6] + static_cast<std::uint64_t>(__popcll(w & (bit - 1)));
-    return data + k * row_width;
-  }
+  //! Row `id` in host memory (pinned, mapped: the GPU reads it zero-copy).
+  //! @param id a row of the table
+  //! @return the row's `row_width()` elements, or nullptr when it is not hot
+  BAM_DEVICE const T* find(std::uint64_t id) const;
+  //! @return the elements per row (0 for a view that holds nothing)
+  BAM_HD std::uint64_t row_width() const { return row_width_; }
+
+private:
+  friend class hot_rows<T>;
+  hot_rows_ref(const std::uint64_t* bits, const std::uint32_t* before, const T* data, std::uint64_t rows,
+               std::uint64_t row_width)
+      : bits_(bits), before_(before), data_(data), rows_(rows), row_width_(row_width) {}
+
+  const std::uint64_t* bits_ = nullptr;   //!< bit r % 64 of word r / 64: row r is hot
+  const std::uint32_t* before_ = nullptr; //!< hot rows before word w
+  const T* data_ = nullptr;               //!< the hot rows in increasing id order (pinned host memory, mapped)
+  std::uint64_t rows_ = 0;                //!< rows the bitmap covers: the table's whole rows
+  std::uint64_t row_width_ = 0;
 };
+
+template <class T>
+BAM_DEVICE const T* hot_rows_ref<T>::find(std::uint64_t id) const {
+  if (bits_ == nullptr || id >= rows_) return nullptr;
+  const std::uint64_t w = bits_[id >> 6];
+  const std::uint64_t bit = 1ull << (id & 63);
+  if ((w & bit) == 0) return nullptr;
+  const std::uint64_t k = before_[id >> 6] + static_cast<std::uint64_t>(__popcll(w & (bit - 1)));
+  return data_ + k * row_width_;
+}
+static_assert(std::is_trivially_copyable_v<hot_rows_ref<float>>, "hot_rows_ref is passed to kernels by value");
 
 //! A hot set: a copy of some rows of a table in pinned host memory, read by
 //! the GPU zero-copy instead of through the page cache (see the top of this
@@ -144,7 +163,7 @@ public:
   //! The device view; holds nothing for an empty hot set.
   hot_rows_ref<T> ref() const {
     if (count_ == 0) return {};
-    return {bits_.get(), before_.get(), data_.get(), rows_, row_width_};
+    return hot_rows_ref<T>(bits_.get(), before_.get(), data_.get(), rows_, row_width_);
   }
   std::uint64_t size() const { return count_; } //!< hot rows
   std::uint64_t row_width() const { return row_width_; }

@@ -18,7 +18,7 @@
 //!    per set); a warp never waits for a slot while it holds one; misses on a
 //!    set claim slots in arrival order. More warps than slots costs
 //!    throughput, never correctness; deadlines measure the controller's lack
-//!    of progress, not queueing (detail/page_cache_ref.cuh says how).
+//!    of progress, not queueing (detail/page_cache_ref.inl says how).
 //!  - Every wait has a deadline (`page_cache_config::timeout_ns`).
 //!  - A slot whose load or write-back timed out stays out of use for the
 //!    cache's lifetime (the command may still land in it or read it), also
@@ -46,8 +46,8 @@
 #include <bam/error.hpp>
 #include <bam/detail/device_memory.cuh>
 #include <bam/runtime/detail/page_cache_kernels.cuh>
-#include <bam/runtime/detail/page_cache_ref.cuh>
 #include <bam/runtime/error_record.cuh>
+#include <bam/runtime/page_cache_ref.cuh>
 #include <bam/runtime/storage.cuh>
 
 #include <algorithm>
@@ -158,19 +158,8 @@ public:
   }
 
   page_cache_ref ref() const {
-    page_cache_ref r;
-    r.data = data_.data();
-    r.slots = slots_.get();
-    r.slot_status = status_.get();
-    r.sets = sets_.get();
-    r.spaces = spaces_.get();
-    r.counters = counters_.get();
-    r.nslots = nslots_;
-    r.ways = cfg_.ways;
-    r.nsets = nslots_ / cfg_.ways;
-    r.page_shift = page_shift_;
-    r.timeout_ns = cfg_.timeout_ns;
-    return r;
+    return page_cache_ref(data_.data(), slots_.get(), status_.get(), sets_.get(), spaces_.get(), counters_.get(),
+                          nslots_, nslots_ / cfg_.ways, cfg_.ways, page_shift_, cfg_.timeout_ns);
   }
   const page_cache_config& config() const { return cfg_; }
   std::uint64_t slot_count() const { return nslots_; }
@@ -523,7 +512,7 @@ public:
   //! GPU memory held by metadata (state words, statuses, sets, space table, counters).
   std::size_t metadata_bytes() const {
     return slot_count() * (sizeof(std::uint64_t) + sizeof(std::uint16_t)) +
-           slot_count() / config().ways * sizeof(detail::cache_set) + detail::max_spaces * sizeof(space_ref) +
+           slot_count() / config().ways * sizeof(detail::cache_set) + detail::max_spaces * sizeof(detail::space_ref) +
            2 * detail::counter_stripes * sizeof(unsigned long long);
   }
   //! Misses (page loads) and write-backs so far (waits for `stream`).

@@ -3,8 +3,8 @@
 //! of rows of `row_width` elements (row r: elements [r * row_width, (r + 1) *
 //! row_width)), e.g. a GNN feature table: one node's features a row.
 //!
-//!  - `bam::gather_row(a, id, row_width, out)`: device function, called by a
-//!    whole warp (converged, all 32 lanes, same arguments): copies row `id`
+//!  - `bam::gather_row(a, id, row_width, out)`: device function, whole-warp
+//!    (<bam/runtime/array_ref.cuh>: all 32 lanes, converged, same arguments): copies row `id`
 //!    into `out[0..row_width)`. Rows may straddle pages; the warp keeps up to
 //!    32 pages of the row in flight (`array_ref::copy_to`).
 //!  - `bam::gather_rows(a, d_ids, count, row_width, d_out, stream)`: host
@@ -71,7 +71,7 @@ namespace bam {
 // The hot set, defined in <bam/runtime/hot_set.cuh> (included at the end):
 // the gathers take it, the hot set is filled by a gather.
 template <class T>
-struct hot_rows_ref;
+class hot_rows_ref;
 template <class T>
 class hot_rows;
 
@@ -87,10 +87,10 @@ namespace detail {
 //! element index of the row's first element (saturated where it overflows).
 template <class T>
 BAM_DEVICE void record_bad_row(const array_ref<T>& a, std::uint64_t id, std::uint64_t row_width) {
-  if (lane_id() != 0 || a.err == nullptr) return;
+  if (lane_id() != 0) return;
   constexpr std::uint64_t max = ~std::uint64_t{0};
   const std::uint64_t first = row_width != 0 && id > max / row_width ? max : id * row_width;
-  a.err->record(nvme::status_out_of_range, failure_site::element(first));
+  a.record_failure(nvme::status_out_of_range, failure_site::element(first));
 }
 
 } // namespace detail
@@ -99,6 +99,7 @@ BAM_DEVICE void record_bad_row(const array_ref<T>& a, std::uint64_t id, std::uin
 //! `out[0..row_width)`. Returns false when the row could not be read (an id
 //! past the last whole row, or a failed page): the failure is recorded for
 //! `array::check` and the affected elements are T{}.
+//! @note Whole-warp.
 template <class T>
 BAM_DEVICE bool gather_row(const array_ref<T>& a, std::uint64_t id, std::uint64_t row_width, T* out) {
   if (id >= row_count(a, row_width)) {
@@ -113,10 +114,11 @@ BAM_DEVICE bool gather_row(const array_ref<T>& a, std::uint64_t id, std::uint64_
 //! The whole warp copies row `id` into `out[0..row_width)`: from the hot
 //! set's host memory when the row is hot (and `row_width` is the hot set's),
 //! else through the page cache as `gather_row` above.
+//! @note Whole-warp.
 template <class T>
 BAM_DEVICE bool gather_row(const array_ref<T>& a, std::uint64_t id, std::uint64_t row_width, T* out,
                            const hot_rows_ref<T>& hot) {
-  if (const T* h = row_width == hot.row_width ? hot.find(id) : nullptr; h != nullptr) {
+  if (const T* h = row_width == hot.row_width() ? hot.find(id) : nullptr; h != nullptr) {
     for (std::uint64_t k = detail::lane_id(); k < row_width; k += 32)
       out[k] = h[k];
     return true;
@@ -126,99 +128,33 @@ BAM_DEVICE bool gather_row(const array_ref<T>& a, std::uint64_t id, std::uint64_
 
 namespace detail {
 
-//! The warp copies `count` elements from `src` (GPU-accessible memory) into
-//! cache memory `dst`, with the stores of `array_ref::write` (past L1):
-//! 16 bytes a lane at a time where both sides allow it, else element by
-//! element (an element of up to 16 bytes is then one store, never split).
-template <class T>
-BAM_DEVICE void warp_copy_in(T* dst, const T* src, std::uint64_t count, unsigned lane) {
-  const std::uint64_t len = count * sizeof(T);
-  if (((reinterpret_cast<std::uintptr_t>(dst) | reinterpret_cast<std::uintptr_t>(src) | len) & 15u) == 0) {
-    auto* d = reinterpret_cast<uint4*>(dst);
-    const auto* s = reinterpret_cast<const uint4*>(src);
-    const std::uint64_t n = len / 16;
-    constexpr unsigned in_flight = 8;
-    std::uint64_t k = lane;
-    for (; k + (in_flight - 1) * 32 < n; k += in_flight * 32) {
-      uint4 v[in_flight];
-#pragma unroll
-      for (unsigned j = 0; j < in_flight; ++j)
-        v[j] = s[k + j * 32];
-#pragma unroll
-      for (unsigned j = 0; j < in_flight; ++j)
-        st_cg(d + k + j * 32, v[j]);
-    }
-    for (; k < n; k += 32)
-      st_cg(d + k, s[k]);
-  } else {
-    for (std::uint64_t k = lane; k < count; k += 32)
-      store_uncached(dst + k, src[k]);
-  }
-}
-
 //! The whole warp writes `in[0..count)` into elements [begin, begin + count)
-//! of `a` (in range): each lane asks for one page of the range for writing
-//! (up to 32 in flight), and the warp writes each page's part as it arrives,
-//! then the lane lets the page go (after every lane's stores: `release`).
-//! Pages are pinned for writing as `array_ref::write` pins them, so marked
-//! dirty. Returns false if a page could not be had (recorded, as a read's
-//! failure is; nothing written there).
+//! of `a` (in range), through the page walker of `array_ref::copy_to`: each
+//! lane asks for one page of the range for writing (up to 32 in flight), and
+//! the warp writes each page's part as it arrives, then the lane lets the
+//! page go (after every lane's stores: `release`). Pages are pinned for
+//! writing as `array_ref::write` pins them, so marked dirty. Returns false
+//! if a page could not be had (recorded, as a read's failure is; nothing
+//! written there).
 template <class T>
 BAM_DEVICE bool scatter_range(const array_ref<T>& a, std::uint64_t begin, std::uint64_t count, const T* in) {
-  constexpr unsigned full = 0xffffffffu;
-  const unsigned lane = lane_id();
   if (count == 0) return true;
-  const std::uint64_t per_page = 1ull << a.elem_shift;
-  const std::uint64_t first = begin >> a.elem_shift;
-  const std::uint64_t last = (begin + count - 1) >> a.elem_shift;
-  bool ok = true;
-  for (std::uint64_t p0 = first; p0 <= last; p0 += 32) {
-    page_request r;
-    const std::uint64_t my_page = p0 + lane;
-    if (my_page <= last) {
-      r.key = page_cache_ref::make_key(a.space, a.first_page + my_page);
-      r.for_write = true;
-      r.phase = page_phase::lookup;
-      a.cache.try_pin(r);
-    }
-    for (;;) {
-      if (__any_sync(full, !r.settled())) a.cache.resolve(r, full, true);
-      unsigned ready = __ballot_sync(full, r.phase == page_phase::hit || r.phase == page_phase::failed);
-      if (ready == 0) break; // every page done
-      while (ready != 0) {
-        const unsigned k = __ffs(ready) - 1;
-        ready &= ready - 1;
-        const std::uint32_t slot = __shfl_sync(full, r.slot, k);
-        const bool good = __shfl_sync(full, r.phase == page_phase::hit, k);
-        const std::uint16_t st = static_cast<std::uint16_t>(__shfl_sync(full, static_cast<unsigned>(r.status), k));
-        const std::uint64_t page = p0 + k;
-        const std::uint64_t lo = page == first ? begin : page * per_page;
-        const std::uint64_t hi = page == last ? begin + count : (page + 1) * per_page;
-        if (good) {
-          warp_copy_in(a.element(slot, lo), in + (lo - begin), hi - lo, lane);
-        } else {
-          ok = false;
-          if (lane == k) a.fail(nvme::status(st), lo);
-        }
-        // Every lane's stores before the page is let go (release order).
-        __syncwarp(full);
-        if (lane == k) {
-          if (good) a.cache.release(r.slot);
-          r.phase = page_phase::idle;
-        }
-      }
-    }
-  }
-  return ok;
+  const unsigned lane = lane_id();
+  return ref_access::walk_pages<true>(
+      a, begin, count, [&](std::uint32_t slot, std::uint64_t lo, std::uint64_t hi, bool good) -> unsigned {
+        if (good) warp_copy_in(ref_access::element(a, slot, lo), in + (lo - begin), hi - lo, lane);
+        return 0;
+      });
 }
 
 } // namespace detail
 
-//! The whole warp (converged, all 32 lanes, same arguments) writes
-//! `in[0..row_width)` into row `id` of `a` (rows of `row_width` elements)
-//! through the page cache. Returns false when the row could not be written
-//! (an id past the last whole row: nothing written; a page that could not
-//! be read in: its part not written), the failure recorded for `array::check`.
+//! The whole warp writes `in[0..row_width)` into row `id` of `a` (rows of
+//! `row_width` elements) through the page cache. Returns false when the row
+//! could not be written (an id past the last whole row: nothing written; a
+//! page that could not be read in: its part not written), the failure
+//! recorded for `array::check`.
+//! @note Whole-warp.
 template <class T>
 BAM_DEVICE bool scatter_row(const array_ref<T>& a, std::uint64_t id, std::uint64_t row_width, const T* in) {
   if (id >= row_count(a, row_width)) {
@@ -255,7 +191,7 @@ BAM_DEVICE pin_result pin_shared(const array_ref<T>& a, bool want, std::uint32_t
   const unsigned peers = __match_any_sync(full, want ? key : ~0ull - lane);
   const unsigned leader = __ffs(peers) - 1;
   pin_result r{0, pin_state::retry};
-  if (want && lane == leader) r = a.cache.pin_slot(slot, key);
+  if (want && lane == leader) r = ref_access::cache(a).pin_slot(slot, key);
   owner = want && lane == leader && r.state == pin_state::hit;
   return {__shfl_sync(full, r.slot, leader),
           static_cast<pin_state>(__shfl_sync(full, static_cast<unsigned>(r.state), leader))};
@@ -273,22 +209,23 @@ BAM_DEVICE bool hold_row_pages(const array_ref<T>& a, std::uint64_t first, std::
                                row_pins& p) {
   constexpr unsigned full = 0xffffffffu;
   const std::uint64_t last = cold ? first + row_width - 1 : 0;
-  const std::uint64_t pages = cold ? (last >> a.elem_shift) - (first >> a.elem_shift) + 1 : 0;
+  const std::uint32_t shift = ref_access::elem_shift(a);
+  const std::uint64_t pages = cold ? (last >> shift) - (first >> shift) + 1 : 0;
   std::uint32_t s0 = 0, s1 = 0;
   const bool arrived0 = a.prefetch(first, cold, &s0);
   const bool arrived1 = a.prefetch(last, pages > 1, &s1);
   if (!__all_sync(full, pages <= 2)) return false; // wide rows: copy_to reads their pages together itself
   // The slots pin_slot returns carry a dependency on the pin: the page's
   // data is read only after it.
-  const pin_result r0 = pin_shared(a, arrived0, s0, a.key_of(first), p.own[0]);
-  const pin_result r1 = pin_shared(a, arrived1, s1, a.key_of(last), p.own[1]);
+  const pin_result r0 = pin_shared(a, arrived0, s0, ref_access::key_of(a, first), p.own[0]);
+  const pin_result r1 = pin_shared(a, arrived1, s1, ref_access::key_of(a, last), p.own[1]);
   p.held[0] = arrived0 && r0.state == pin_state::hit;
   p.slot[0] = r0.slot;
   p.held[1] = arrived1 && r1.state == pin_state::hit;
   p.slot[1] = r1.slot;
   if (__all_sync(full, !cold || (p.held[0] && (pages < 2 || p.held[1])))) return true;
   for (int k = 0; k < 2; ++k)
-    if (p.own[k]) a.cache.release(p.slot[k]);
+    if (p.own[k]) ref_access::cache(a).release(p.slot[k]);
   p = row_pins{};
   return false;
 }
@@ -299,15 +236,16 @@ BAM_DEVICE bool hold_row_pages(const array_ref<T>& a, std::uint64_t first, std::
 template <class T>
 BAM_DEVICE unsigned copy_held_row(const array_ref<T>& a, std::uint64_t first, std::uint64_t row_width,
                                   std::uint32_t slot0, std::uint32_t slot1, T* out, unsigned lane) {
-  const std::uint64_t per_page = 1ull << a.elem_shift;
+  const std::uint64_t per_page = a.elements_per_page();
   const std::uint64_t in_first = per_page - (first & (per_page - 1));
   const std::uint64_t n0 = row_width < in_first ? row_width : in_first;
+  const page_cache_ref& cache = ref_access::cache(a);
   unsigned token = warp_copy_out(reinterpret_cast<unsigned char*>(out),
-                                 reinterpret_cast<const unsigned char*>(a.element(slot0, first)), n0 * sizeof(T), lane,
-                                 a.cache.zero);
+                                 reinterpret_cast<const unsigned char*>(ref_access::element(a, slot0, first)),
+                                 n0 * sizeof(T), lane, ref_access::zero(cache));
   if (n0 < row_width)
-    token |= warp_copy_out(reinterpret_cast<unsigned char*>(out + n0), a.cache.page_data(slot1),
-                           (row_width - n0) * sizeof(T), lane, a.cache.zero);
+    token |= warp_copy_out(reinterpret_cast<unsigned char*>(out + n0), cache.page_data(slot1),
+                           (row_width - n0) * sizeof(T), lane, ref_access::zero(cache));
   return token;
 }
 
@@ -326,7 +264,7 @@ __global__ void __launch_bounds__(gather_block_threads)
   for (std::uint64_t g = warp * group; g < count; g += warps * group) {
     // A negative id converts to a huge one: out of range.
     const std::uint64_t id = lane < group && g + lane < count ? static_cast<std::uint64_t>(ids[g + lane]) : ~0ull;
-    const bool cold = id < rows && (row_width != hot.row_width || hot.find(id) == nullptr);
+    const bool cold = id < rows && (row_width != hot.row_width() || hot.find(id) == nullptr);
     const std::uint64_t first = cold ? id * row_width : 0;
     row_pins pins;
     const bool holding = group > 1 && hold_row_pages(a, first, row_width, cold, pins);
@@ -343,7 +281,7 @@ __global__ void __launch_bounds__(gather_block_threads)
     // The pins go once every lane's reads of the pages have arrived.
     token = __reduce_or_sync(full, token);
     for (int k = 0; k < 2; ++k)
-      if (pins.own[k]) a.cache.release_read(pins.slot[k], token);
+      if (pins.own[k]) ref_access::cache(a).release_read(pins.slot[k], token);
   }
 }
 
@@ -370,7 +308,8 @@ __global__ void __launch_bounds__(gather_block_threads)
       const std::uint64_t first = valid ? id * row_width : 0;
       const std::uint64_t last = valid ? first + row_width - 1 : 0;
       (void)a.prefetch(first, valid);
-      (void)a.prefetch(last, valid && (last >> a.elem_shift) != (first >> a.elem_shift));
+      const std::uint32_t shift = ref_access::elem_shift(a);
+      (void)a.prefetch(last, valid && (last >> shift) != (first >> shift));
     }
     const unsigned here = count - g < group ? static_cast<unsigned>(count - g) : group;
     for (unsigned j = 0; j < here; ++j)

@@ -58,19 +58,20 @@ __global__ void __launch_bounds__(holds_block_threads)
        g += stride) {
     const std::uint64_t id = g + lane < count ? static_cast<std::uint64_t>(ids[g + lane]) : ~0ull;
     const bool in_range = id < rows;
-    const std::uint64_t first = in_range ? (id * row_width) >> a.elem_shift : 0;
-    const std::uint64_t pages = in_range ? (((id + 1) * row_width - 1) >> a.elem_shift) - first + 1 : 0;
+    const std::uint32_t shift = ref_access::elem_shift(a);
+    const std::uint64_t first = in_range ? (id * row_width) >> shift : 0;
+    const std::uint64_t pages = in_range ? (((id + 1) * row_width - 1) >> shift) - first + 1 : 0;
     for (std::uint64_t p = 0; __any_sync(full, p < pages); ++p) {
       const bool want = p < pages;
-      const std::uint64_t key = want ? page_cache_ref::make_key(a.space, a.first_page + first + p) : ~0ull - lane;
+      const std::uint64_t key = want ? ref_access::key_of_page(a, first + p) : ~0ull - lane;
       const unsigned peers = __match_any_sync(full, key);
       std::uint32_t slot = 0;
-      if (want && lane == static_cast<unsigned>(__ffs(peers) - 1) && a.cache.hold(key, slot)) {
+      if (want && lane == static_cast<unsigned>(__ffs(peers) - 1) && ref_access::cache(a).hold(key, slot)) {
         const unsigned long long at = atomicAdd(held, 1ull);
         if (at < capacity)
           slots[at] = slot;
         else
-          a.cache.release_hold(slot);
+          ref_access::cache(a).release_hold(slot);
       }
     }
   }
@@ -98,13 +99,12 @@ class row_holds {
 public:
   //! Room for as many holds as the cache admits at once (half its slots).
   explicit row_holds(array<T>& a)
-      : a_(&a), capacity_(a.ref().cache.nsets * detail::hold_limit(a.ref().cache.ways)),
-        slots_(std::max<std::uint64_t>(capacity_, 1)), held_(1) {}
+      : a_(&a), capacity_(capacity_of(a.ref())), slots_(std::max<std::uint64_t>(capacity_, 1)), held_(1) {}
   ~row_holds() {
     if (!used_) return;
     // Errors are logged, not thrown: the pins go with the process at worst.
-    detail::release_holds_kernel<><<<release_grid(), detail::holds_block_threads, 0, stream_>>>(
-        a_->ref().cache, slots_.get(), capacity_, held_.get());
+    detail::release_holds_kernel<>
+        <<<release_grid(), detail::holds_block_threads, 0, stream_>>>(cache(), slots_.get(), capacity_, held_.get());
     BAM_CUDA_LOG(cudaGetLastError());
     BAM_CUDA_LOG(cudaStreamSynchronize(stream_));
   }
@@ -138,8 +138,8 @@ public:
   void release(cuda::stream_ref stream_ref = {}) {
     if (!used_) return;
     const cudaStream_t stream = stream_ref.get();
-    detail::release_holds_kernel<><<<release_grid(), detail::holds_block_threads, 0, stream>>>(
-        a_->ref().cache, slots_.get(), capacity_, held_.get());
+    detail::release_holds_kernel<>
+        <<<release_grid(), detail::holds_block_threads, 0, stream>>>(cache(), slots_.get(), capacity_, held_.get());
     BAM_CUDA_TRY(cudaGetLastError());
     BAM_CUDA_TRY(cudaMemsetAsync(held_.get(), 0, sizeof(unsigned long long), stream));
     used_ = false;
@@ -160,6 +160,13 @@ public:
   std::uint64_t capacity() const { return capacity_; }
 
 private:
+  //! Half the slots of the cache of `a`: as many holds as it admits at once.
+  static std::uint64_t capacity_of(const array_ref<T>& a) {
+    const page_cache_ref& c = detail::ref_access::cache(a);
+    return detail::ref_access::set_count(c) * detail::hold_limit(c.ways());
+  }
+  //! The device handle of the array's cache.
+  page_cache_ref cache() const { return detail::ref_access::cache(a_->ref()); }
   unsigned release_grid() const {
     const std::uint64_t blocks = (capacity_ + detail::holds_block_threads - 1) / detail::holds_block_threads;
     return static_cast<unsigned>(std::clamp<std::uint64_t>(blocks, 1, 1024));

@@ -4,7 +4,7 @@
 //! every controller involved.
 #pragma once
 
-#include <bam/runtime/detail/page_cache_ref.cuh>
+#include <bam/runtime/page_cache_ref.cuh>
 #include <bam/runtime/detail/warp_io.cuh>
 
 #include <cstdint>
@@ -22,13 +22,16 @@ __global__ void cache_writeback_kernel(page_cache_ref c, std::uint32_t only, boo
   const std::uint64_t warp = (blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x) / 32;
   const std::uint64_t warps = static_cast<std::uint64_t>(gridDim.x) * blockDim.x / 32;
   const unsigned lane = lane_id();
-  for (std::uint64_t first = warp * 32; first < c.nslots; first += warps * 32) {
+  const std::uint64_t nslots = c.slot_count();
+  std::uint64_t* const slots = ref_access::slots(c);
+  const space_ref* const spaces = ref_access::spaces(c);
+  for (std::uint64_t first = warp * 32; first < nslots; first += warps * 32) {
     const std::uint64_t s = first + lane;
     io_slot io;
     bool mine = false;
     std::uint64_t key = 0;
-    if (s < c.nslots) {
-      dev_atomic<std::uint64_t> st(c.slots[s]);
+    if (s < nslots) {
+      dev_atomic<std::uint64_t> st(slots[s]);
       std::uint64_t word = st.load(cuda::memory_order_acquire);
       const std::uint64_t tag = word >> slot_tag_shift;
       key = tag - 1;
@@ -36,41 +39,41 @@ __global__ void cache_writeback_kernel(page_cache_ref c, std::uint32_t only, boo
       if (in_scope && (word & slot_valid) && (word & slot_dirty) && (word & (slot_busy | slot_pin_mask)) == 0 &&
           st.compare_exchange_strong(word, (word & ~(slot_dirty | slot_wb_failed)) | slot_busy,
                                      cuda::memory_order_acq_rel)) {
-        const space_ref& sp = c.spaces[key >> key_page_bits];
+        const space_ref& sp = spaces[key >> key_page_bits];
         const std::uint64_t p = key & key_page_mask;
         const std::uint32_t ctrl = sp.controller_of(p);
         io.start_rw(sp.ctrls[ctrl], nvme::nvm_opcode::write, sp.lba_of(p), sp.blocks_per_page, sp.data_bus[ctrl],
-                    s << c.page_shift);
+                    s << ref_access::page_shift(c));
         mine = true;
       } else if (in_scope && (word & slot_valid) && (word & slot_dirty) && (word & slot_busy) &&
                  (word & slot_wb_failed)) {
         // A write of this page timed out and may still read it: the page can
         // be written back no more, and no flush can say it reached the
         // storage. Each flush reports it.
-        const space_ref& sp = c.spaces[key >> key_page_bits];
+        const space_ref& sp = spaces[key >> key_page_bits];
         const std::uint64_t p = key & key_page_mask;
         if (sp.err != nullptr)
           sp.err->record(nvme::status_timeout, failure_site::page(sp.lba_of(p), sp.controller_of(p)));
       }
     }
-    warp_io_run(io, full, c.timeout_ns);
+    warp_io_run(io, full, ref_access::timeout_ns(c));
     if (mine) {
-      dev_atomic<std::uint64_t> st(c.slots[s]);
+      dev_atomic<std::uint64_t> st(slots[s]);
       const nvme::status result(io.status);
       if (result.ok()) {
-        c.count(1);
+        ref_access::count(c, 1);
         st.fetch_and(~slot_busy, cuda::memory_order_release);
       } else {
-        const space_ref& sp = c.spaces[key >> key_page_bits];
+        const space_ref& sp = spaces[key >> key_page_bits];
         const std::uint64_t p = key & key_page_mask;
         if (sp.err != nullptr) sp.err->record(result, failure_site::page(sp.lba_of(p), sp.controller_of(p)));
         // A write that timed out may still read the slot: it stays busy, out
         // of use for good (`slot_lost`); misses on its set do not wait for it.
-        mark_writeback_failed(&c.slots[s], result == nvme::status_timeout);
+        mark_writeback_failed(&slots[s], result == nvme::status_timeout);
       }
     }
-    if (invalidate && s < c.nslots) {
-      dev_atomic<std::uint64_t> st(c.slots[s]);
+    if (invalidate && s < nslots) {
+      dev_atomic<std::uint64_t> st(slots[s]);
       std::uint64_t word = st.load(cuda::memory_order_acquire);
       const std::uint64_t tag = word >> slot_tag_shift;
       if (tag != 0 && ((tag - 1) >> key_page_bits) == only && (word & (slot_pin_mask | slot_busy | slot_dirty)) == 0)
