@@ -38,6 +38,7 @@
 #pragma once
 
 #include <bam/cuda.cuh>
+#include <bam/file/extent_map.hpp>
 #include <bam/file/mapped_file.hpp>
 #include <bam/runtime/array_ref.cuh>
 #include <bam/runtime/page_cache.cuh>
@@ -54,6 +55,24 @@
 
 namespace bam {
 
+namespace detail {
+//! A file's extent map copied to device memory: its runs and a handle to them.
+struct device_extent_map {
+  device_buffer<std::uint64_t> start, lba;
+  device_buffer<extent_map_ref> ref{1};
+  device_extent_map(const extent_map_ref& host, cudaStream_t stream)
+      : start(host.runs + 1), lba(host.runs == 0 ? 1 : host.runs) {
+    extent_map_ref d = host;
+    copy_to_device(start.get(), host.start, host.runs + 1, stream);
+    if (host.runs != 0) copy_to_device(lba.get(), host.lba, host.runs, stream);
+    d.start = start.get();
+    d.lba = lba.get();
+    copy_to_device(ref.get(), &d, 1, stream);
+    BAM_CUDA_TRY(cudaStreamSynchronize(stream));
+  }
+};
+} // namespace detail
+
 //! Owning host object: attaches `n` elements at `start_lba` of a storage to a cache.
 template <class T>
 class array {
@@ -69,19 +88,61 @@ public:
   //! cannot share pages with.
   array(page_cache& cache, const storage& s, std::uint64_t n, std::uint64_t start_lba = 0, cuda::stream_ref stream = {})
       : cache_(cache.state()), storage_(s), n_(n) {
-    if (cache.page_size() % sizeof(T) != 0 || (sizeof(T) & (sizeof(T) - 1)) != 0)
-      throw error("bam::array: element size " + std::to_string(sizeof(T)) +
-                  " must be a power of two dividing the page size " + std::to_string(cache.page_size()));
+    check_element_size(cache);
     if (n == 0) throw error("bam::array: an array needs at least one element");
     const std::uint64_t per_page = cache.page_size() / sizeof(T);
     npages_ = (n + per_page - 1) / per_page;
     err_ = device_buffer<device_error_record>(1);
     binding_ = cache_->attach(s, start_lba, npages_, stream.get());
     attached_ = true;
-    unsigned shift = 0;
-    while ((1ull << shift) < per_page)
-      ++shift;
-    ref_ = array_ref<T>(cache_->ref(), n, binding_.first_page, binding_.space, shift, err_.get());
+    ref_ = array_ref<T>(cache_->ref(), n, binding_.first_page, binding_.space, elem_shift(cache), err_.get());
+  }
+
+  //! An array over a file on `s`, read by GPU threads themselves: a miss
+  //! finds its page's blocks in the file's extent map (`file`, from
+  //! `bam::fs_image::map` for a file system on the storage, or
+  //! `bam::extent_map::of_file` for a mounted one) and reads them from the
+  //! storage's controller, a page that spans several runs of the file with
+  //! one command per run; blocks in holes and past the file's end read as
+  //! zeroes. file_size / sizeof(T) elements; read-only (a write is reported
+  //! by check()).
+  //! @param cache the page cache that serves the array
+  //! @param s the storage whose one controller holds the file system (its namespace is the disk the map names)
+  //! @param file the file's extent map, in blocks of `s`'s LBA size
+  //! @param stream the cache's tables and the map's device copy are written on it (waited for)
+  //! @throw bam::error if the map's block size is not the storage's LBA size, a run lies past the end
+  //! of the storage, the storage has more than one controller, or the file is not a whole number
+  //! (> 0) of elements.
+  array(page_cache& cache, const storage& s, const extent_map& file, cuda::stream_ref stream = {})
+      : cache_(cache.state()), storage_(s), n_(file.file_size() / sizeof(T)) {
+    check_element_size(cache);
+    const extent_map_ref host = file.ref();
+    if (file.lba_size() != s.lba_size())
+      throw error("bam::array: the file's extent map counts blocks of " + std::to_string(file.lba_size()) + " bytes; " +
+                  s.name() + " has " + std::to_string(s.lba_size()) + "-byte LBAs");
+    if (file.file_size() == 0 || file.file_size() % sizeof(T) != 0)
+      throw error("bam::array: a file of " + std::to_string(file.file_size()) +
+                  " bytes is not a whole number (> 0) of " + std::to_string(sizeof(T)) + "-byte elements");
+    for (std::uint64_t i = 0; i < host.runs; ++i)
+      if (host.lba[i] != extent_hole && (host.lba[i] > s.blocks_per_controller() ||
+                                         host.start[i + 1] - host.start[i] > s.blocks_per_controller() - host.lba[i])) {
+        error_context c;
+        c.lba = host.lba[i];
+        c.controller = s.name();
+        throw error("bam::array: the file's run " + std::to_string(i) + " at LBA " + std::to_string(host.lba[i]) +
+                        " lies past the end of " + s.name() + " (" + std::to_string(s.blocks_per_controller()) +
+                        " blocks)",
+                    c);
+      }
+    auto map = std::make_shared<detail::device_extent_map>(host, stream.get());
+    const std::uint64_t per_page = cache.page_size() / sizeof(T);
+    npages_ = (n_ + per_page - 1) / per_page;
+    err_ = device_buffer<device_error_record>(1);
+    binding_ = cache_->attach_file(s, map->ref.get(), map, npages_, stream.get());
+    attached_ = true;
+    ref_ = array_ref<T>(cache_->ref(), n_, binding_.first_page, binding_.space, elem_shift(cache), err_.get());
+    source_ =
+        s.name() + ": GPU threads read the file's " + std::to_string(host.runs) + " run(s) through its extent map";
   }
 
   //! An array over the file `path`: its size / sizeof(T) elements, read by
@@ -179,6 +240,19 @@ public:
   }
 
 private:
+  static void check_element_size(const page_cache& cache) {
+    if (cache.page_size() % sizeof(T) != 0 || (sizeof(T) & (sizeof(T) - 1)) != 0)
+      throw error("bam::array: element size " + std::to_string(sizeof(T)) +
+                  " must be a power of two dividing the page size " + std::to_string(cache.page_size()));
+  }
+  //! log2 of the elements per page.
+  static unsigned elem_shift(const page_cache& cache) {
+    unsigned shift = 0;
+    while ((1ull << shift) < cache.page_size() / sizeof(T))
+      ++shift;
+    return shift;
+  }
+
   std::shared_ptr<detail::cache_state> cache_;
   std::optional<bam::storage> storage_;
   std::uint64_t n_ = 0;

@@ -231,6 +231,33 @@ public:
     return b;
   }
 
+  //! Attach an array over a file: `npages` pages of the file whose extent
+  //! map `file` (device memory, kept alive by `keep`) places on `s`'s one
+  //! controller. The pages get a space of their own, read-only; blocks in
+  //! holes and past the file's end read as zeroes.
+  array_binding attach_file(const storage& s, const extent_map_ref* file, std::shared_ptr<void> keep,
+                            std::uint64_t npages, cudaStream_t stream) {
+    std::lock_guard lock(mutex_);
+    const std::string where = s.name();
+    if (s.controller_count() != 1)
+      throw error("page_cache: a file lies on one disk; " + where + " has " + std::to_string(s.controller_count()) +
+                  " controllers");
+    if (cfg_.page_size % s.lba_size() != 0)
+      throw error("page_cache: page size " + std::to_string(cfg_.page_size) + " is not a multiple of the LBA size " +
+                  std::to_string(s.lba_size()) + " of " + where);
+    if (npages == 0 || npages > key_page_mask)
+      throw error("page_cache: a file of " + std::to_string(npages) + " pages (1 to 2^34)");
+    const std::uint32_t bpp = static_cast<std::uint32_t>(cfg_.page_size / s.lba_size());
+    const std::uint32_t id = new_space(s, false, 0, npages, bpp, stream, file);
+    host_spaces_[id].file = std::move(keep);
+    host_spaces_[id].users++;
+    array_binding b;
+    b.space = id;
+    b.first_page = 0;
+    b.id = next_array_id_++;
+    return b;
+  }
+
   //! Write back and forget an array's pages when it is its space's last
   //! user. If the write-back fails, the pages stay (the space lives on, its
   //! storage kept alive) and the error is thrown; `flush` tries again.
@@ -347,6 +374,7 @@ private:
     std::shared_ptr<storage_mapping> mapping;
     device_buffer<device_error_record> err;
     device_buffer<device_error_record> flush_err; //!< an NVMe Flush of `flush_async`
+    std::shared_ptr<void> file;                   //!< a file space's extent map in device memory
   };
   struct extent {
     std::uint64_t id;
@@ -357,7 +385,7 @@ private:
   };
 
   std::uint32_t new_space(const storage& s, bool shared, std::uint64_t base_lba, std::uint64_t npages,
-                          std::uint32_t bpp, cudaStream_t stream) {
+                          std::uint32_t bpp, cudaStream_t stream, const extent_map_ref* file = nullptr) {
     std::uint32_t id = 0;
     while (id < max_spaces && host_spaces_[id].used)
       ++id;
@@ -379,6 +407,7 @@ private:
     r.ctrls = s.device_refs();
     r.data_bus = sp.mapping->bus_tables();
     r.err = sp.err.get();
+    r.file = file;
     r.base_lba = base_lba;
     r.npages = npages;
     r.nctrl = s.controller_count();

@@ -161,6 +161,7 @@ private:
   BAM_DEVICE bool step(detail::page_request& r) const;
   BAM_DEVICE void finish_io(detail::page_request& r) const;
   BAM_DEVICE void start_load(detail::page_request& r, std::uint32_t slot) const;
+  BAM_DEVICE void load_file_part(detail::page_request& r, const detail::space_ref& sp) const;
   BAM_DEVICE bool claim_victim(detail::page_request& r) const;
   BAM_DEVICE void pass_turn(const detail::page_request& r) const;
   BAM_DEVICE detail::wait_marker set_marker(std::uint64_t set) const;

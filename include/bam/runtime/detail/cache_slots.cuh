@@ -9,6 +9,7 @@
 #pragma once
 
 #include <bam/detail/macros.hpp>
+#include <bam/file/extent_map_ref.hpp>
 #include <bam/runtime/detail/warp_io.cuh>
 #include <bam/runtime/error_record.cuh>
 #include <bam/runtime/queue_set.cuh>
@@ -153,6 +154,9 @@ struct page_request {
   std::uint64_t key = ~0ull;
   std::uint32_t slot = 0;
   std::uint32_t turn = 0;
+  //! writing_back: the victim's slot; loading a page of a file space: the
+  //! blocks of the page already in place (a page over several runs of the
+  //! file is loaded run by run).
   std::uint32_t wb_slot = 0;
   std::uint16_t status = 0;
   page_phase phase = page_phase::idle;
@@ -173,19 +177,41 @@ BAM_HD inline std::uint64_t page_key(std::uint32_t space, std::uint64_t page) {
 
 //! Where the pages of one key space live: a storage's controllers and the
 //! striping of pages over them (page p on controller p % nctrl, at
-//! `base_lba + (p / nctrl) * blocks_per_page`). Device-side.
+//! `base_lba + (p / nctrl) * blocks_per_page`), or, for a file space, the
+//! file's extent map on the storage's one controller (page p holds the
+//! file's blocks from `p * blocks_per_page`; read-only). Device-side.
 struct space_ref {
   const queue_set_ref* ctrls = nullptr;           //!< the storage's controllers (device array)
   const std::uint64_t* const* data_bus = nullptr; //!< per controller: bus address of each 4 KiB of the cache's pages
   device_error_record* err = nullptr;             //!< write-back failures of this space's pages
+  const extent_map_ref* file = nullptr;           //!< a file space's extent map (device memory), else null
   std::uint64_t base_lba = 0;
   std::uint64_t npages = 0;
   std::uint32_t nctrl = 0;
   std::uint32_t blocks_per_page = 0;
 
   BAM_HD std::uint32_t controller_of(std::uint64_t p) const { return static_cast<std::uint32_t>(p % nctrl); }
-  BAM_HD std::uint64_t lba_of(std::uint64_t p) const { return base_lba + (p / nctrl) * blocks_per_page; }
+  //! The LBA of page p's first block (`extent_hole` for a page of a file that starts in a hole or past its end).
+  BAM_HD std::uint64_t lba_of(std::uint64_t p) const {
+    if (file != nullptr) return file->find(p * blocks_per_page).lba;
+    return base_lba + (p / nctrl) * blocks_per_page;
+  }
 };
+
+//! Describe the write-back of page `p` of `sp` from byte `offset` of the
+//! cache's pages. A file space is read-only: its write-back completes at
+//! once with Namespace is Write Protected (the page stays dirty and the
+//! failure is reported like any failed write-back).
+BAM_DEVICE inline void start_writeback(io_slot& io, const space_ref& sp, std::uint64_t p, std::uint64_t offset) {
+  if (sp.file != nullptr) {
+    io.qs = sp.ctrls;
+    io.state = io_state::done;
+    io.status = nvme::status(nvme::status_type::generic, nvme::generic_status::namespace_write_protected).raw;
+    return;
+  }
+  const std::uint32_t c = sp.controller_of(p);
+  io.start_rw(sp.ctrls[c], nvme::nvm_opcode::write, sp.lba_of(p), sp.blocks_per_page, sp.data_bus[c], offset);
+}
 
 //! The library's way into the private parts of its device handles (row
 //! gathers, look-ahead holds, the cache's kernels, tests that look inside

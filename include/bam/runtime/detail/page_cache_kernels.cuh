@@ -39,11 +39,7 @@ __global__ void cache_writeback_kernel(page_cache_ref c, std::uint32_t only, boo
       if (in_scope && (word & slot_valid) && (word & slot_dirty) && (word & (slot_busy | slot_pin_mask)) == 0 &&
           st.compare_exchange_strong(word, (word & ~(slot_dirty | slot_wb_failed)) | slot_busy,
                                      cuda::memory_order_acq_rel)) {
-        const space_ref& sp = spaces[key >> key_page_bits];
-        const std::uint64_t p = key & key_page_mask;
-        const std::uint32_t ctrl = sp.controller_of(p);
-        io.start_rw(sp.ctrls[ctrl], nvme::nvm_opcode::write, sp.lba_of(p), sp.blocks_per_page, sp.data_bus[ctrl],
-                    s << ref_access::page_shift(c));
+        start_writeback(io, spaces[key >> key_page_bits], key & key_page_mask, s << ref_access::page_shift(c));
         mine = true;
       } else if (in_scope && (word & slot_valid) && (word & slot_dirty) && (word & slot_busy) &&
                  (word & slot_wb_failed)) {

@@ -205,12 +205,48 @@ BAM_DEVICE inline void page_cache_ref::pass_turn(const detail::page_request& r) 
 BAM_DEVICE inline void page_cache_ref::start_load(detail::page_request& r, std::uint32_t slot) const {
   const detail::space_ref& sp = spaces_[r.key >> detail::key_page_bits];
   const std::uint64_t p = r.key & detail::key_page_mask;
-  const std::uint32_t c = sp.controller_of(p);
   r.slot = slot;
   r.phase = detail::page_phase::loading;
+  count(0);
+  if (sp.file != nullptr) {
+    r.wb_slot = 0;
+    load_file_part(r, sp);
+    return;
+  }
+  const std::uint32_t c = sp.controller_of(p);
   r.io.start_rw(sp.ctrls[c], nvme::nvm_opcode::read, sp.lba_of(p), sp.blocks_per_page, sp.data_bus[c],
                 static_cast<std::uint64_t>(slot) << page_shift_);
-  count(0);
+}
+
+//! The next part of a file page's load, from block `r.wb_slot` of the page:
+//! blocks in a hole or past the file's end are zeroed here, and the rest of
+//! the run that holds the first block still missing is read with one
+//! command. When no command is needed, the load is done (`r.io` done, no
+//! blocks read).
+BAM_DEVICE BAM_NOINLINE inline void page_cache_ref::load_file_part(detail::page_request& r,
+                                                                   const detail::space_ref& sp) const {
+  const std::uint64_t p = r.key & detail::key_page_mask;
+  const std::uint32_t bpp = sp.blocks_per_page;
+  const std::uint32_t lba_shift = sp.ctrls[0].lba_shift;
+  const std::uint64_t page = static_cast<std::uint64_t>(r.slot) << page_shift_;
+  while (r.wb_slot < bpp) {
+    const extent_map_ref::where w = sp.file->find(p * bpp + r.wb_slot);
+    const std::uint32_t left = bpp - r.wb_slot;
+    const std::uint32_t n = w.blocks == 0 || w.blocks > left ? left : static_cast<std::uint32_t>(w.blocks);
+    const std::uint64_t offset = page + (static_cast<std::uint64_t>(r.wb_slot) << lba_shift);
+    if (w.blocks != 0 && w.lba != extent_hole) {
+      r.io.start_rw(sp.ctrls[0], nvme::nvm_opcode::read, w.lba, n, sp.data_bus[0], offset);
+      return;
+    }
+    auto* z = reinterpret_cast<uint4*>(data_ + offset); // blocks are >= 512 bytes: 16-byte aligned
+    for (std::uint64_t k = 0; k < (static_cast<std::uint64_t>(n) << lba_shift) / sizeof(uint4); ++k)
+      detail::st_cg(z + k, uint4{0, 0, 0, 0});
+    r.wb_slot += n;
+  }
+  r.io.qs = sp.ctrls;
+  r.io.nblocks = 0;
+  r.io.status = 0;
+  r.io.state = detail::io_state::done;
 }
 
 //! Under the set's turn: find a victim by the clock. A clean one is claimed
@@ -280,13 +316,10 @@ BAM_DEVICE inline bool page_cache_ref::claim_victim(detail::page_request& r) con
         st.compare_exchange_strong(word, (word & ~slot_dirty) | slot_busy, cuda::memory_order_acq_rel)) {
       pass_turn(r);
       const std::uint64_t old_key = (word >> slot_tag_shift) - 1;
-      const space_ref& sp = spaces_[old_key >> key_page_bits];
-      const std::uint64_t p = old_key & key_page_mask;
-      const std::uint32_t c = sp.controller_of(p);
       r.wb_slot = static_cast<std::uint32_t>(dirty);
       r.phase = page_phase::writing_back;
-      r.io.start_rw(sp.ctrls[c], nvme::nvm_opcode::write, sp.lba_of(p), sp.blocks_per_page, sp.data_bus[c],
-                    static_cast<std::uint64_t>(dirty) << page_shift_);
+      start_writeback(r.io, spaces_[old_key >> key_page_bits], old_key & key_page_mask,
+                      static_cast<std::uint64_t>(dirty) << page_shift_);
       return true;
     }
     return false;
@@ -312,6 +345,15 @@ BAM_DEVICE inline void page_cache_ref::finish_io(detail::page_request& r) const 
   r.io.state = io_state::none;
   if (r.phase == page_phase::loading) {
     dev_atomic<std::uint64_t> word(slots_[r.slot]);
+    if (st.ok() && spaces_[r.key >> key_page_bits].file != nullptr) {
+      // A file page in parts: read the next one, if any.
+      const space_ref& sp = spaces_[r.key >> key_page_bits];
+      r.wb_slot += r.io.nblocks;
+      if (r.wb_slot < sp.blocks_per_page) {
+        load_file_part(r, sp);
+        return;
+      }
+    }
     if (st.ok()) {
       word.fetch_add(slot_valid - slot_busy + (r.for_write ? slot_dirty : 0), cuda::memory_order_release);
       r.phase = page_phase::hit;
