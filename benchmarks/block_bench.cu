@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <chrono>
 #include <cmath>
@@ -138,7 +139,7 @@ double percentile_us(const unsigned long long* hist, double q) {
 //! fewer pages than the cache holds would find the previous launch's pages
 //! cached, and report hits that a workload larger than the cache never gets.
 std::uint64_t next_seed() {
-  static std::uint64_t launches = 0;
+  static std::atomic<std::uint64_t> launches{0}; // the threads of --gpus draw too
   return 12345 + 0x9e3779b97f4a7c15ull * ++launches;
 }
 
