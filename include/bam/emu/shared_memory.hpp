@@ -194,6 +194,14 @@ private:
                 "shared memory '" + name + "' (" + object_ + ") is empty; give size=... to size it", EINVAL);
           if (::ftruncate(fd_, static_cast<off_t>(o.bytes)) != 0)
             throw_errno("sizing shared memory " + object_ + " to " + std::to_string(o.bytes) + " bytes");
+          // Reserved now: a /dev/shm without room fails here, not with
+          // SIGBUS on first touch. Left unsized on failure, for the next opener.
+          if (const int err = ::posix_fallocate(fd_, 0, static_cast<off_t>(o.bytes)); err != 0) {
+            (void)!::ftruncate(fd_, 0);
+            throw_errno("reserving " + std::to_string(o.bytes) + " bytes of shared memory " + object_ +
+                            " (is there room in /dev/shm? df /dev/shm)",
+                        err);
+          }
           bytes_ = o.bytes;
           created_ = true;
         } else if (o.bytes != 0 && o.bytes != bytes_) {
