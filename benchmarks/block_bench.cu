@@ -10,6 +10,14 @@
 //   block_bench --device /dev/bam-nvme0 --mode raw --op mix --read-percent 70 --json out.json
 //   block_bench --device emu:extents=/data/f.img --file /data/f.img --mode range --compare  # a file: bam vs pread vs
 //   KvikIO
+//   block_bench --device emu-gpu:shm=bench,size=8G,unlink --gpus 1,2 --mode range --cache-mib 256  # 1 GPU, then 2
+//
+// Several GPUs (--gpus N, or a list: 1,2 measures one GPU, then two, in one
+// run): one host thread per GPU, each with its own storage over the device
+// string and its own page cache, running the same benchmark at once (every
+// repetition starts on all GPUs together). With shm= media the GPUs share one
+// copy of the data; the JSON has per-GPU figures, their sum, and the scaling
+// against the one-GPU run of the same invocation.
 //
 // Modes: raw (GPU threads issue NVMe commands straight through the queues,
 // no cache), element (a[i], 32 lanes on consecutive elements of a page),
@@ -31,13 +39,18 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <barrier>
 #include <chrono>
 #include <cmath>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <exception>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -67,6 +80,26 @@ struct options {
   std::size_t file_mib = 4096;
   unsigned host_threads = 32;
   bool quiet = false;
+  std::vector<int> gpus; //!< GPU counts to run each device with (empty: one GPU, the current one)
+};
+
+//! The GPUs of one concurrent run: they agree on the operation count and
+//! start every timed launch together.
+struct gpu_group {
+  std::barrier<>* barrier = nullptr;
+  std::vector<double>* times = nullptr; //!< one slot per GPU
+  int index = 0;                        //!< this thread's GPU
+  int count = 1;
+
+  void sync() const { barrier->arrive_and_wait(); }
+  //! The longest of every GPU's `t`.
+  double slowest(double t) const {
+    (*times)[static_cast<std::size_t>(index)] = t;
+    sync();
+    const double m = *std::max_element(times->begin(), times->end());
+    sync();
+    return m;
+  }
 };
 
 struct run_result {
@@ -74,10 +107,9 @@ struct run_result {
   double ops_per_s = 0;
 };
 
-std::string gpu_name(int* driver) {
+std::string gpu_name(int* driver, int d = -1) {
   cudaDeviceProp p{};
-  int d = 0;
-  cudaGetDevice(&d);
+  if (d < 0) cudaGetDevice(&d);
   cudaGetDeviceProperties(&p, d);
   cudaDriverGetVersion(driver);
   return p.name;
@@ -107,14 +139,18 @@ double percentile_us(const unsigned long long* hist, double q) {
 //! fewer pages than the cache holds would find the previous launch's pages
 //! cached, and report hits that a workload larger than the cache never gets.
 std::uint64_t next_seed() {
-  static std::uint64_t launches = 0;
+  static std::atomic<std::uint64_t> launches{0}; // the threads of --gpus draw too
   return 12345 + 0x9e3779b97f4a7c15ull * ++launches;
 }
 
 //! Time `launch(ops_per_thread)`: a calibration run picks the operation count
 //! for about `o.seconds` a repetition; the median of `o.reps` is reported.
+//! In a group of GPUs (`g`), every GPU calibrates with the slowest GPU's time
+//! (so all pick the same count) and each launch starts on all GPUs together.
 template <class Launch>
-std::pair<double, bench::stats> timed(const options& o, Launch&& launch, std::uint32_t& ops_per_thread) {
+std::pair<double, bench::stats> timed(const options& o, Launch&& launch, std::uint32_t& ops_per_thread,
+                                      const gpu_group* g = nullptr) {
+  const bool report = !o.quiet && (g == nullptr || g->index == 0);
   bam::device_buffer<bench::stats> st(1);
   auto once = [&](std::uint32_t ops) {
     BAM_CUDA_TRY(cudaMemset(st.get(), 0, sizeof(bench::stats)));
@@ -126,7 +162,8 @@ std::pair<double, bench::stats> timed(const options& o, Launch&& launch, std::ui
   std::uint32_t ops = std::max<std::uint32_t>(ops_per_thread, 1);
   // Calibrate (also the warm-up: lazy module loading, first misses).
   for (int i = 0; i < 6; ++i) {
-    const auto [t, s] = once(ops);
+    if (g != nullptr) g->sync();
+    const double t = g != nullptr ? g->slowest(once(ops).first) : once(ops).first;
     if (t >= o.seconds / 4 || ops >= (1u << 20)) {
       ops = static_cast<std::uint32_t>(std::clamp(ops * o.seconds / std::max(t, 1e-6), 1.0, double(1u << 22)));
       break;
@@ -135,10 +172,11 @@ std::pair<double, bench::stats> timed(const options& o, Launch&& launch, std::ui
   }
   std::vector<std::pair<double, bench::stats>> runs;
   for (int r = 0; r < o.reps; ++r) {
+    if (g != nullptr) g->sync();
     runs.push_back(once(ops));
-    if (!o.quiet) std::fprintf(stderr, "\r  repetition %d/%d: %.3f s   ", r + 1, o.reps, runs.back().first);
+    if (report) std::fprintf(stderr, "\r  repetition %d/%d: %.3f s   ", r + 1, o.reps, runs.back().first);
   }
-  if (!o.quiet) std::fprintf(stderr, "\r%60s\r", "");
+  if (report) std::fprintf(stderr, "\r%60s\r", "");
   std::sort(runs.begin(), runs.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   ops_per_thread = ops;
   return runs[runs.size() / 2];
@@ -165,7 +203,9 @@ void fill_storage(const bam::storage& s) {
   }
 }
 
-run_result run_device(const options& o, const std::string& dev) {
+//! One device string on the current GPU (in a group: GPU `g->index`, with
+//! the others at once).
+run_result run_device(const options& o, const std::string& dev, const gpu_group* g = nullptr) {
   // A device over the baselines' file (emu:file=F, emu:extents=F with F the
   // --file): the file is written with the pattern once, before it is opened
   // (extents are mapped at open, and read-only), and read by every path.
@@ -181,9 +221,12 @@ run_result run_device(const options& o, const std::string& dev) {
     if (const std::string why = bench::prepare_file(o.file, std::uint64_t{o.file_mib} << 20); !why.empty())
       throw std::runtime_error(why);
   }
-  bam::storage s(dev);
+  bam::storage s(dev, bam::storage_options{.device = g != nullptr ? g->index : -1});
   const bool data = s.spec().kind != bam::device_kind::pci && s.spec().media != bam::media_kind::null;
-  if (data && !on_bench_file) fill_storage(s);
+  // Shared media are filled once, by the group's first GPU.
+  const bool shared = spec.media == bam::media_kind::shm;
+  if (data && !on_bench_file && (g == nullptr || g->index == 0 || !shared)) fill_storage(s);
+  if (g != nullptr) g->sync();
   bench::workload w;
   w.unit_bytes = o.io_size;
   w.read_percent = o.op == "read" ? 100 : o.op == "write" ? 0 : o.read_percent;
@@ -196,6 +239,7 @@ run_result run_device(const options& o, const std::string& dev) {
   nlohmann::json j;
   j["device"] = dev;
   j["transport"] = s.transport_name();
+  j["cuda_device"] = s.device();
 #ifdef BAM_DEVICE_PROGRESS_HOOK
   j["kernels"] = "with the software controller's device hook";
 #else
@@ -240,7 +284,7 @@ run_result run_device(const options& o, const std::string& dev) {
           bench::raw_kernel<<<blocks, o.block_threads>>>(s.device_refs(), nctrl, map->bus_tables(), buf.data(), slots,
                                                          w, data, st);
         },
-        ops);
+        ops, g);
   } else {
     const std::uint64_t ws = o.working_set_mib
                                  ? std::min<std::uint64_t>(std::uint64_t{o.working_set_mib} << 20, storage_bytes)
@@ -279,7 +323,7 @@ run_result run_device(const options& o, const std::string& dev) {
             bench::array_kernel<bench::array_mode::range>
                 <<<blocks, o.block_threads>>>(a.ref(), nctrl, w, scratch.get(), st);
         },
-        ops);
+        ops, g);
     a.check();
     const auto after = cache->counters();
     // Hit rate over every run (calibration included): 1 - pages loaded / pages visited.
@@ -306,6 +350,80 @@ run_result run_device(const options& o, const std::string& dev) {
     std::fprintf(stderr, "block_bench: %s: %llu wrong words, %llu failed operations\n", dev.c_str(), r.second.bad,
                  r.second.errors);
   return {j, ops_per_s};
+}
+
+//! `dev` on GPUs 0 .. n-1 at once, a host thread and a storage and cache each:
+//! per-GPU figures and their sums.
+run_result run_device_on_gpus(const options& o, const std::string& dev, int n) {
+  int have = 0;
+  BAM_CUDA_TRY(cudaGetDeviceCount(&have));
+  if (n > have)
+    throw std::runtime_error("--gpus " + std::to_string(n) + ": this machine has " + std::to_string(have) + " GPU(s)");
+  std::barrier<> barrier(n);
+  std::vector<double> times(static_cast<std::size_t>(n));
+  std::vector<run_result> per(static_cast<std::size_t>(n));
+  std::exception_ptr failed;
+  std::mutex failed_mutex;
+  std::vector<std::thread> threads;
+  for (int k = 0; k < n; ++k) {
+    threads.emplace_back([&, k] {
+      const gpu_group g{&barrier, &times, k, n};
+      try {
+        BAM_CUDA_TRY(cudaSetDevice(k));
+        per[static_cast<std::size_t>(k)] = run_device(o, dev, &g);
+      } catch (...) {
+        {
+          std::lock_guard lock(failed_mutex);
+          if (!failed) failed = std::current_exception();
+        }
+        barrier.arrive_and_drop(); // the others go on without this GPU, and the run fails
+      }
+    });
+  }
+  for (auto& t : threads)
+    t.join();
+  if (failed) std::rethrow_exception(failed);
+  nlohmann::json j = per[0].j;
+  nlohmann::json per_gpu = nlohmann::json::array();
+  double ops = 0, gbs = 0, misses = 0;
+  unsigned long long bad = 0, errors = 0;
+  for (int k = 0; k < n; ++k) {
+    const nlohmann::json& r = per[static_cast<std::size_t>(k)].j;
+    int driver = 0;
+    nlohmann::json x{{"cuda_device", k},
+                     {"gpu", gpu_name(&driver, k)},
+                     {"ops_per_s", r["ops_per_s"]},
+                     {"GB_per_s", r["GB_per_s"]},
+                     {"seconds", r["seconds"]},
+                     {"latency_us", r["latency_us"]},
+                     {"bad_words", r["bad_words"]},
+                     {"errors", r["errors"]}};
+    for (const char* key : {"hit_rate", "misses_per_s", "accesses_per_s"})
+      if (r.contains(key)) x[key] = r[key];
+    per_gpu.push_back(x);
+    ops += r["ops_per_s"].get<double>();
+    gbs += r["GB_per_s"].get<double>();
+    if (r.contains("misses_per_s")) misses += r["misses_per_s"].get<double>();
+    bad += r["bad_words"].get<unsigned long long>();
+    errors += r["errors"].get<unsigned long long>();
+  }
+  j.erase("cuda_device");
+  j["gpus"] = n;
+  j["per_gpu"] = per_gpu;
+  j["ops_per_s"] = ops;
+  j["GB_per_s"] = gbs;
+  if (j.contains("misses_per_s")) j["misses_per_s"] = misses;
+  if (j.contains("accesses_per_s")) {
+    double a = 0;
+    for (const auto& x : per_gpu)
+      a += x["accesses_per_s"].get<double>();
+    j["accesses_per_s"] = a;
+  }
+  j["bad_words"] = bad;
+  j["errors"] = errors;
+  j["concurrency"] = "one host thread per GPU; every repetition starts on all GPUs together; figures are per-GPU "
+                     "medians and their sums";
+  return {j, ops};
 }
 
 //! A gather ceiling: random `io` blocks from pinned host memory or GPU memory.
@@ -380,7 +498,9 @@ void print_row(const nlohmann::json& j) {
   std::string hit = j.contains("hit_rate")
                         ? std::to_string(static_cast<int>(std::lround(j["hit_rate"].get<double>() * 100))) + "%"
                         : "-";
-  std::printf("%-44s %-7s %-5s %7u %8llu %9.2f %8.2f %5s %8.1f %8.1f %8.1f\n", j["device"].get<std::string>().c_str(),
+  std::string name = j["device"].get<std::string>();
+  if (j.contains("gpus")) name += " x" + std::to_string(j["gpus"].get<int>()) + " GPU";
+  std::printf("%-44s %-7s %-5s %7u %8llu %9.2f %8.2f %5s %8.1f %8.1f %8.1f\n", name.c_str(),
               j["mode"].get<std::string>().c_str(), j["op"].get<std::string>().c_str(), j["io_bytes"].get<unsigned>(),
               static_cast<unsigned long long>(j["threads"].get<std::uint64_t>()), j["ops_per_s"].get<double>() / 1e6,
               j["GB_per_s"].get<double>(), hit.c_str(), lat50, lat99, lat999);
@@ -419,6 +539,11 @@ int main(int argc, char** argv) {
   app.add_option("--file-mib", o.file_mib, "size of that file");
   app.add_option("--host-threads", o.host_threads, "threads of the pread baseline");
   app.add_flag("--quiet", o.quiet, "no progress line");
+  app.add_option("--gpus", o.gpus,
+                 "run each device on GPUs 0..N-1 at once, a storage and cache each (a list, e.g. 1,2: one run per "
+                 "count; shm= media: one copy of the data for all)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 64));
   CLI11_PARSE(app, argc, argv);
   if (o.commit.empty()) o.commit = std::getenv("BAM_COMMIT") ? std::getenv("BAM_COMMIT") : "unknown";
   if (o.devices.empty())
@@ -431,6 +556,15 @@ int main(int argc, char** argv) {
     gethostname(host, sizeof host - 1);
     out["benchmark"] = "block_bench";
     out["gpu"] = gpu_name(&driver);
+    if (!o.gpus.empty()) {
+      int count = 0;
+      BAM_CUDA_TRY(cudaGetDeviceCount(&count));
+      out["gpu_count"] = count;
+      nlohmann::json models = nlohmann::json::array();
+      for (int d = 0; d < count; ++d)
+        models.push_back(gpu_name(&driver, d));
+      out["gpu_models"] = models;
+    }
     out["driver"] = driver;
     out["cuda_runtime"] = CUDART_VERSION;
     out["machine"] = host;
@@ -442,9 +576,34 @@ int main(int argc, char** argv) {
     std::printf("%-44s %-7s %-5s %7s %8s %9s %8s %5s %8s %8s %8s\n", "device", "mode", "op", "bytes", "threads",
                 "Mops/s", "GB/s", "hit", "p50 us", "p99 us", "p99.9us");
     for (const auto& d : o.devices) {
-      const run_result r = run_device(o, d);
-      print_row(r.j);
-      out["results"].push_back(r.j);
+      if (o.gpus.empty()) {
+        const run_result r = run_device(o, d);
+        print_row(r.j);
+        out["results"].push_back(r.j);
+        continue;
+      }
+      std::optional<nlohmann::json> one_gpu;
+      for (const int n : o.gpus) {
+        run_result r = run_device_on_gpus(o, d, n);
+        if (n == 1) one_gpu = r.j;
+        if (n > 1 && one_gpu) {
+          // Against n independent GPUs at the one-GPU rate (1.0: perfect scaling).
+          r.j["scaling_vs_one_gpu"] = r.j["ops_per_s"].get<double>() / (n * (*one_gpu)["ops_per_s"].get<double>());
+          if (r.j.contains("misses_per_s") && (*one_gpu)["misses_per_s"].get<double>() > 0)
+            r.j["miss_scaling_vs_one_gpu"] =
+                r.j["misses_per_s"].get<double>() / (n * (*one_gpu)["misses_per_s"].get<double>());
+        }
+        print_row(r.j);
+        if (n > 1) {
+          for (const auto& x : r.j["per_gpu"])
+            std::printf("  GPU %d (%s): %9.2f Mops/s %8.2f GB/s\n", x["cuda_device"].get<int>(),
+                        x["gpu"].get<std::string>().c_str(), x["ops_per_s"].get<double>() / 1e6,
+                        x["GB_per_s"].get<double>());
+          if (r.j.contains("scaling_vs_one_gpu"))
+            std::printf("  %d GPUs: %.2f x %d x one GPU\n", n, r.j["scaling_vs_one_gpu"].get<double>(), n);
+        }
+        out["results"].push_back(r.j);
+      }
     }
     if (o.compare) {
       const std::uint64_t gather_bytes = std::max<std::uint64_t>(4ull << 30, std::uint64_t{o.io_size} * 1024);

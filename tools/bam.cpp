@@ -14,6 +14,7 @@
 //   bam map FILE [--device DEVICE] [--verify]
 //                                     where a file's blocks are on its disk, which
 //                                     path reads it, and (--verify) reading it that way
+//   bam shm list | remove NAME...     shared memory of shm=NAME device strings
 //
 // DEVICE is a device string: /dev/bam-nvme0, emu:file=/path/disk.img[,size=8G], emu:ram=64M.
 #include "pci_sysfs.hpp"
@@ -30,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include <nvme/types.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -413,10 +415,10 @@ int cmd_load(const common_options& co, const transfer_args& a) {
   const auto r = bam::load_dataset(c, a.file, dataset_opts(a, &bar));
   bar.finish();
   const bam::device_spec spec = bam::parse_device(a.device);
-  if (spec.kind != bam::device_kind::pci && spec.media != bam::media_kind::file)
+  if (spec.kind != bam::device_kind::pci && spec.media != bam::media_kind::file && spec.media != bam::media_kind::shm)
     std::fprintf(stderr,
                  "bam load: warning: %s keeps its data in this process's memory, which is gone when bam exits; "
-                 "to keep it, load onto emu:file=PATH,size=N or a /dev/bam-nvme device\n",
+                 "to keep it, load onto emu:file=PATH,size=N, emu:shm=NAME,size=N or a /dev/bam-nvme device\n",
                  a.device.c_str());
   if (co.json) {
     print_json(result_json("load", a, r));
@@ -454,6 +456,44 @@ int cmd_dump(const common_options& co, const transfer_args& a) {
                static_cast<unsigned long long>(a.offset), a.file.c_str(), r.seconds,
                human_bytes(r.seconds > 0 ? static_cast<double>(r.bytes) / r.seconds : 0).c_str());
   std::fprintf(report, "checksum %s\n", r.checksum.c_str());
+  return 0;
+}
+
+//! `bam shm list`: the shared memory of `shm=NAME` device strings on this
+//! machine; `bam shm remove NAME...`: remove names (their users keep their
+//! mappings; the memory goes with the last of them).
+int cmd_shm(const common_options& co, const std::string& action, const std::vector<std::string>& names) {
+  if (action == "remove") {
+    if (names.empty()) throw bam::error::invalid_input("bam shm remove: name the shared memory to remove");
+    for (const auto& n : names)
+      if (!bam::emu::remove_shared_memory(n))
+        throw bam::error::invalid_input(
+            "bam shm remove: no shared memory '" + n + "' (" + bam::emu::shared_memory_object(n) + ")", ENOENT);
+    if (co.json) print_json({{"removed", names}});
+    return 0;
+  }
+  json all = json::array();
+  std::error_code ec;
+  const std::string prefix(bam::shm_object_prefix);
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string file = e.path().filename().string();
+    if (file.rfind(prefix, 0) != 0) continue;
+    struct stat st {};
+    if (::stat(e.path().c_str(), &st) != 0) continue;
+    all.push_back({{"name", file.substr(prefix.size())},
+                   {"bytes", static_cast<std::uint64_t>(st.st_size)},
+                   {"uid", st.st_uid},
+                   {"mode", st.st_mode & 0777}});
+  }
+  if (co.json) {
+    print_json({{"shared_memory", all}});
+    return 0;
+  }
+  if (all.empty()) std::printf("no shared memory of bam's (/dev/shm/%s*)\n", prefix.c_str());
+  for (const auto& j : all)
+    std::printf("%-40s %16llu bytes  uid %u  mode %03o\n", j["name"].get<std::string>().c_str(),
+                static_cast<unsigned long long>(j["bytes"].get<std::uint64_t>()), j["uid"].get<unsigned>(),
+                j["mode"].get<unsigned>());
   return 0;
 }
 
@@ -740,6 +780,11 @@ int main(int argc, char** argv) {
   size_option(dump, "--max-rate", ta.max_rate, "bytes per second at most");
   std::string file;
   auto* checksum = app.add_subcommand("checksum", "XXH3-128 of a file, in the form load and dump print");
+  std::string shm_action;
+  std::vector<std::string> shm_names;
+  auto* shm = app.add_subcommand("shm", "shared memory of shm=NAME device strings: list, or remove NAME...");
+  shm->add_option("action", shm_action, "list | remove")->required()->check(CLI::IsMember({"list", "remove"}));
+  shm->add_option("names", shm_names, "names to remove");
   checksum->add_option("file", file, "file")->required()->check(CLI::ExistingFile);
   map_args ma;
   auto* map = app.add_subcommand(
@@ -811,6 +856,7 @@ int main(int argc, char** argv) {
     if (*load) return cmd_load(co, ta);
     if (*dump) return cmd_dump(co, ta);
     if (*checksum) return cmd_checksum(co, file);
+    if (*shm) return cmd_shm(co, shm_action, shm_names);
     if (*map) return cmd_map(co, ma);
   } catch (const bam::error& e) {
     const int status = e.errnum() == EINTR ? exit_interrupted : exit_failure;

@@ -49,6 +49,57 @@ namespace bam::detail {
 
 namespace bam {
 
+//! The CUDA device current in the calling thread.
+inline int current_device() {
+  int d = 0;
+  BAM_CUDA_TRY(cudaGetDevice(&d));
+  return d;
+}
+
+//! Makes a CUDA device current for a scope and gives the caller's back at
+//! its end (RAII). Objects whose GPU resources belong to one device (a
+//! storage, a page cache, the GPU engine) hold one around every host
+//! operation, so that they work whatever device the calling thread has.
+//!
+//! @code
+//!   bam::device_scope on(1);   // cudaSetDevice(1) unless it is current
+//!   ...                        // allocations, streams, launches on GPU 1
+//! @endcode                     // the caller's device is current again
+//!
+//! As an object's first member, `enter_quietly` in its destructor keeps the
+//! device current while the other members are destroyed.
+class device_scope {
+public:
+  device_scope() = default;
+  explicit device_scope(int device) { enter(device); }
+  ~device_scope() {
+    if (entered_ && previous_ != device_) BAM_CUDA_LOG(cudaSetDevice(previous_));
+  }
+  device_scope(const device_scope&) = delete;
+  device_scope& operator=(const device_scope&) = delete;
+
+  //! Make `device` current (once per scope).
+  void enter(int device) {
+    if (entered_) return;
+    BAM_CUDA_TRY(cudaGetDevice(&previous_));
+    if (device != previous_) BAM_CUDA_TRY(cudaSetDevice(device));
+    device_ = device;
+    entered_ = true;
+  }
+  //! `enter` for destructors: a failure is reported, never thrown.
+  void enter_quietly(int device) noexcept {
+    if (entered_ || cudaGetDevice(&previous_) != cudaSuccess) return;
+    if (device != previous_) BAM_CUDA_LOG(cudaSetDevice(device));
+    device_ = device;
+    entered_ = true;
+  }
+
+private:
+  int previous_ = 0;
+  int device_ = 0;
+  bool entered_ = false;
+};
+
 namespace detail {
 
 //! Devices with a side stream of their own (CUDA numbers them from 0).

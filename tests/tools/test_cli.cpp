@@ -593,3 +593,29 @@ TEST_CASE("bam load warns when the device keeps nothing after the command", "[cl
   CHECK(r.status == 0);
   CHECK(r.err.find("warning") == std::string::npos);
 }
+
+TEST_CASE("bam load onto shared memory keeps the data for the next process; shm list and remove", "[cli][shm]") {
+  temp_dir d;
+  const std::string name = "cli-" + std::to_string(::getpid());
+  random_file(d / "src", 64 * 1024, 5);
+  const json loaded = bam_json(d, {"load", d / "src", "emu:shm=" + name + ",size=1M"});
+  // Another process (this bam) reads what the first one wrote.
+  run_result r = run_bam(d, {"dump", "emu:shm=" + name, d / "back", "--length", "64K"});
+  INFO("stderr: " << r.err);
+  CHECK(r.status == 0);
+  CHECK(loaded["checksum"] == bam::file_checksum(d / "src"));
+  CHECK(bam::file_checksum(d / "back") == loaded["checksum"]);
+  const json listed = bam_json(d, {"shm", "list"});
+  const auto& all = listed["shared_memory"];
+  const auto it = std::find_if(all.begin(), all.end(), [&](const json& j) { return j["name"] == name; });
+  REQUIRE(it != all.end());
+  CHECK((*it)["bytes"] == 1u << 20);
+  CHECK((*it)["mode"] == 0600);
+  CHECK(run_bam(d, {"shm", "remove", name}).status == 0);
+  r = run_bam(d, {"shm", "remove", name});
+  CHECK(r.status == 1);
+  CHECK(r.err.find("no shared memory") != std::string::npos);
+  r = run_bam(d, {"identify", "emu:shm=" + name});
+  CHECK(r.status == 1);
+  CHECK(r.err.find("give size=") != std::string::npos);
+}

@@ -6,8 +6,16 @@
 //! the controller's namespace `engine->namespace_media()` so that identify
 //! reports the size and host-side access reaches the same blocks.
 //!
-//! Media: pinned host RAM (mapped into the GPU), HBM, or null (completes
+//! Media: pinned host RAM (mapped into the GPU), POSIX shared memory pinned
+//! for every GPU of the process (`shm`: one copy for every process and GPU
+//! that opens the name, see shared_memory.hpp), HBM, or null (completes
 //! without moving data); optional SSD model: an IOPS limit and a latency.
+//!
+//! The engine belongs to one GPU (`gpu_engine_config::device`, by default
+//! the one current at construction): its memory, streams and copies are
+//! there, whatever device the thread that calls it has current (the
+//! controller's admin work, a storage built for another GPU). The GPU
+//! threads that serve its queues are that GPU's.
 //! Queue rings and submitter state must be in GPU memory and the controller
 //! must hand GPU threads this engine's doorbells (`device_doorbells`). The
 //! engine serves one SQ per CQ (Create I/O SQ on a CQ that already has one
@@ -26,6 +34,7 @@
 #include <bam/emu/gpu_engine_ref.hpp>
 #include <bam/emu/media.hpp>
 #include <bam/emu/open.hpp>
+#include <bam/emu/shared_memory.hpp>
 #include <bam/transport/media_kind.hpp>
 #include <bam/transport/transport.hpp>
 
@@ -44,25 +53,75 @@
 namespace bam::emu {
 
 struct gpu_engine_config {
-  media_kind media = media_kind::ram;                        //!< ram (pinned host memory), hbm or null
-  std::uint64_t bytes = 64ull << 20;                         //!< namespace size
+  media_kind media = media_kind::ram;                        //!< ram (pinned host memory), shm, hbm or null
+  std::uint64_t bytes = 64ull << 20;                         //!< namespace size (shm: the shared memory's)
   std::uint32_t lba_size = 512;                              //!< bytes per block
   std::uint32_t max_qid = 256;                               //!< highest I/O queue id served
   std::uint64_t max_transfer_bytes = 2u << 20;               //!< the controller's MDTS in bytes
   std::uint64_t iops = 0;                                    //!< SSD model: IOPS limit (0: none)
   std::uint64_t latency_ns = 0;                              //!< SSD model: latency per command (0: none)
   std::uint64_t timeout_ns = nvme::default_queue_timeout_ns; //!< bound of every engine wait
+  std::shared_ptr<shared_memory> shared;                     //!< shm media: the mapping to serve
+  int device = -1;                                           //!< the GPU it serves on (-1: the current one)
 };
+
+namespace detail {
+
+//! Shared memory pinned for every GPU of this process (`cudaHostRegister`,
+//! portable and mapped): one registration per mapping, whichever engines
+//! and devices use it; undone before the mapping goes.
+class pinned_shared_memory {
+public:
+  //! The registration of `m`, made on first use.
+  static std::shared_ptr<pinned_shared_memory> of(const std::shared_ptr<shared_memory>& m) {
+    static std::mutex mutex;
+    static std::map<const shared_memory*, std::weak_ptr<pinned_shared_memory>> pinned;
+    std::lock_guard lock(mutex);
+    if (auto p = pinned[m.get()].lock()) return p;
+    std::shared_ptr<pinned_shared_memory> p(new pinned_shared_memory(m));
+    pinned[m.get()] = p;
+    return p;
+  }
+  ~pinned_shared_memory() { BAM_CUDA_LOG(cudaHostUnregister(m_->data())); }
+  pinned_shared_memory(const pinned_shared_memory&) = delete;
+  pinned_shared_memory& operator=(const pinned_shared_memory&) = delete;
+  std::uint8_t* data() const { return m_->data(); }
+
+private:
+  explicit pinned_shared_memory(std::shared_ptr<shared_memory> m) : m_(std::move(m)) {
+    const cudaError_t e =
+        cudaHostRegister(m_->data(), m_->mapped_bytes(), cudaHostRegisterPortable | cudaHostRegisterMapped);
+    if (e != cudaSuccess)
+      throw error("pinning shared memory " + m_->object() + " (" + std::to_string(m_->size()) +
+                  " bytes) for the GPU failed: " + cudaGetErrorString(e) +
+                  " (is the locked-memory limit, ulimit -l, large enough?)");
+  }
+  std::shared_ptr<shared_memory> m_; // unmapped after the registration is undone
+};
+
+} // namespace detail
 
 class gpu_engine final : public io_engine {
 public:
-  explicit gpu_engine(const gpu_engine_config& cfg) : cfg_(cfg) {
+  explicit gpu_engine(const gpu_engine_config& config) : cfg_(config) {
+    const gpu_engine_config& cfg = cfg_;
+    device_ = cfg.device >= 0 ? cfg.device : current_device();
+    cfg_.device = device_;
+    const device_scope on(device_);
+    if (cfg.media == media_kind::shm) {
+      if (!cfg.shared) throw error("GPU engine: shm media needs the shared memory (gpu_engine_config::shared)");
+      cfg_.bytes = cfg.shared->size();
+    }
     if (cfg.lba_size < 512 || !std::has_single_bit(cfg.lba_size) || cfg.bytes % cfg.lba_size != 0 || cfg.bytes == 0)
       throw error("GPU engine: the size must be a non-zero multiple of a power-of-two LBA size >= 512 (got " +
                   std::to_string(cfg.bytes) + " bytes, LBA " + std::to_string(cfg.lba_size) + ")");
     if (cfg.media == media_kind::file)
       throw error("GPU engine: file media are served by the CPU engine (emu:file=...)");
-    if (cfg.media == media_kind::ram) {
+    if (cfg.media == media_kind::shm) {
+      pinned_ = detail::pinned_shared_memory::of(cfg.shared);
+      media_ = pinned_->data();
+      BAM_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&media_dev_), media_, 0));
+    } else if (cfg.media == media_kind::ram) {
       BAM_CUDA_TRY(
           cudaHostAlloc(reinterpret_cast<void**>(&media_), cfg.bytes, cudaHostAllocMapped | cudaHostAllocPortable));
       BAM_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&media_dev_), media_, 0));
@@ -87,7 +146,8 @@ public:
   }
 
   ~gpu_engine() override {
-    if (media_ != nullptr) {
+    on_device_.enter_quietly(device_); // also while the members are destroyed
+    if (media_ != nullptr && cfg_.media != media_kind::shm) {
       if (cfg_.media == media_kind::ram)
         BAM_CUDA_LOG(cudaFreeHost(media_));
       else
@@ -118,13 +178,17 @@ public:
     return r;
   }
   const gpu_engine_config& config() const { return cfg_; }
+  //! The GPU whose threads serve the queues and that holds the engine's memory.
+  int device() const { return device_; }
 
-  //! Host pointer to the media (ram: the pinned block; hbm: a device pointer; null: nullptr).
+  //! Host pointer to the media (ram: the pinned block; shm: the mapping; hbm:
+  //! a device pointer; null: nullptr).
   std::uint8_t* media_data() const { return media_; }
 
   // ---- io_engine -------------------------------------------------------
 
   void attached(std::uint32_t dstrd) override {
+    const device_scope on(device_);
     std::lock_guard lock(mutex_);
     dstrd_ = dstrd;
     doorbells_ = device_buffer<std::uint32_t>(static_cast<std::size_t>(2 * (cfg_.max_qid + 1)) << dstrd);
@@ -132,6 +196,7 @@ public:
   }
 
   nvme::status queue_created(const queue_info& qi) override {
+    const device_scope on(device_);
     std::lock_guard lock(mutex_);
     namespace css = nvme::command_specific_status;
     if (qi.qid == 0 || qi.qid > cfg_.max_qid || qi.cq == nullptr || qi.cq->cqid > cfg_.max_qid)
@@ -164,6 +229,7 @@ public:
   }
 
   void queue_deleted(std::uint16_t sqid) override {
+    const device_scope on(device_);
     std::lock_guard lock(mutex_);
     if (sqid == 0 || sqid > cfg_.max_qid) return;
     const std::uint32_t zero = 0;
@@ -173,6 +239,7 @@ public:
   }
 
   void reset() override {
+    const device_scope on(device_);
     std::lock_guard lock(mutex_);
     for (std::uint32_t i = 1; i <= cfg_.max_qid; ++i) {
       if (host_queues_[i].active) {
@@ -196,12 +263,14 @@ public:
   bool exact_sq_head() const override { return false; }
   device_progress device_progress_hook() const override { return {gpu_engine_progress_id, 0, ref_dev_.get()}; }
   nvm_counters counters() const override {
+    const device_scope on(device_);
     nvm_counters c{};
     copy_to_host(&c, counters_.get(), 1, stream_);
     return c;
   }
   std::unique_ptr<fault_table_memory> fault_table_copy() override {
-    auto m = std::make_unique<device_fault_table>(stream_);
+    const device_scope on(device_);
+    auto m = std::make_unique<device_fault_table>(stream_, device_);
     faults_ = m->table();
     publish_ref();
     return m;
@@ -210,6 +279,7 @@ public:
   // ---- the SSD model ------------------------------------------------------
 
   void set_model(std::uint64_t iops, std::uint64_t latency_ns) {
+    const device_scope on(device_);
     gpu_ssd_model m{};
     m.ns_per_io = iops != 0 ? (1'000'000'000ull + iops - 1) / iops : 0;
     m.latency_ns = latency_ns;
@@ -217,6 +287,7 @@ public:
   }
   //! Commands completed on queue `qid` so far.
   std::uint64_t served(std::uint16_t qid) const {
+    const device_scope on(device_);
     std::uint64_t n = 0;
     if (qid <= cfg_.max_qid) copy_to_host(&n, &queues_.get()[qid].served, 1, stream_);
     return n;
@@ -231,21 +302,26 @@ private:
   //! stream of its own that waits for no kernel.
   class device_fault_table final : public fault_table_memory {
   public:
-    explicit device_fault_table(cudaStream_t s) : stream_(s), t_(1) {}
+    device_fault_table(cudaStream_t s, int device) : stream_(s), device_(device), t_(1) {}
+    ~device_fault_table() override { on_device_.enter_quietly(device_); }
     fault_table* table() override { return t_.get(); }
     void write(std::size_t offset, const void* src, std::size_t bytes) override {
+      const device_scope on(device_);
       BAM_CUDA_TRY(cudaMemcpyAsync(reinterpret_cast<unsigned char*>(t_.get()) + offset, src, bytes,
                                    cudaMemcpyHostToDevice, stream_));
       BAM_CUDA_TRY(cudaStreamSynchronize(stream_));
     }
     void read(std::size_t offset, void* dst, std::size_t bytes) const override {
+      const device_scope on(device_);
       BAM_CUDA_TRY(cudaMemcpyAsync(dst, reinterpret_cast<const unsigned char*>(t_.get()) + offset, bytes,
                                    cudaMemcpyDeviceToHost, stream_));
       BAM_CUDA_TRY(cudaStreamSynchronize(stream_));
     }
 
   private:
+    device_scope on_device_; // first: the device is current while t_ is freed
     cudaStream_t stream_;
+    int device_;
     device_buffer<fault_table> t_;
   };
 
@@ -262,6 +338,8 @@ private:
       return std::string("GPU engine ") + media_name(e_->cfg_.media) + " " + std::to_string(size()) + " bytes";
     }
     int read(std::uint64_t offset, std::span<const iovec> segs) override {
+      device_scope on;
+      on.enter_quietly(e_->device_);
       if (!in_range(offset, detail::total_bytes(segs))) return EINVAL;
       for (const auto& s : segs) {
         if (e_->cfg_.media == media_kind::null)
@@ -273,6 +351,8 @@ private:
       return 0;
     }
     int write(std::uint64_t offset, std::span<const iovec> segs) override {
+      device_scope on;
+      on.enter_quietly(e_->device_);
       if (!in_range(offset, detail::total_bytes(segs))) return EINVAL;
       for (const auto& s : segs) {
         if (e_->cfg_.media != media_kind::null && !copy(e_->media_ + offset, s.iov_base, s.iov_len)) return EIO;
@@ -282,8 +362,10 @@ private:
     }
     int flush() override { return 0; }
     int write_zeroes(std::uint64_t offset, std::uint64_t len) override {
+      device_scope on;
+      on.enter_quietly(e_->device_);
       if (!in_range(offset, len)) return EINVAL;
-      if (e_->cfg_.media == media_kind::ram)
+      if (e_->cfg_.media == media_kind::ram || e_->cfg_.media == media_kind::shm)
         std::memset(e_->media_ + offset, 0, len);
       else if (e_->cfg_.media == media_kind::hbm &&
                (cudaMemsetAsync(e_->media_ + offset, 0, len, e_->stream_) != cudaSuccess ||
@@ -301,9 +383,12 @@ private:
     gpu_engine* e_;
   };
 
+  device_scope on_device_; // first: the device stays current while the members are destroyed
   gpu_engine_config cfg_;
-  std::uint8_t* media_ = nullptr;     // host view (pinned) or device pointer (HBM)
-  std::uint8_t* media_dev_ = nullptr; // what GPU threads use
+  int device_ = 0;
+  std::shared_ptr<detail::pinned_shared_memory> pinned_; // shm media
+  std::uint8_t* media_ = nullptr;                        // host view (pinned) or device pointer (HBM)
+  std::uint8_t* media_dev_ = nullptr;                    // what GPU threads use
   cudaStream_t stream_ = nullptr;
   std::uint32_t dstrd_ = 0;
   device_buffer<gpu_engine_queue> queues_;
@@ -328,6 +413,10 @@ inline gpu_transports open_gpu_engine_controllers(const device_spec& spec) {
     gpu_engine_config ec;
     ec.media = spec.media;
     ec.bytes = spec.bytes;
+    if (spec.media == media_kind::shm) {
+      ec.shared = open_spec_shared_memory(spec, i);
+      ec.bytes = ec.shared->size();
+    }
     ec.lba_size = spec.lba_size;
     ec.max_qid = spec.io_queues;
     ec.iops = spec.iops;
@@ -343,7 +432,8 @@ inline gpu_transports open_gpu_engine_controllers(const device_spec& spec) {
     g.controllers.push_back(make_emulated_controller(std::move(cc)));
   }
   g.rings = queue_ring_memory::gpu;
-  g.description = std::string("emu-gpu (software controller, GPU engine, media ") + media_name(spec.media) + ")";
+  g.description = std::string("emu-gpu (software controller, GPU engine, media ") + media_name(spec.media) +
+                  (spec.media == media_kind::shm ? " " + spec.shm_name + ", shared" : std::string()) + ")";
   return g;
 }
 

@@ -8,6 +8,7 @@
 #include <bam/emu/emulated_controller.hpp>
 #include <bam/emu/extent_media.hpp>
 #include <bam/emu/media.hpp>
+#include <bam/emu/shared_memory.hpp>
 #include <bam/error.hpp>
 #include <bam/transport/device_string.hpp>
 #include <bam/transport/open.hpp>
@@ -23,9 +24,22 @@
 
 namespace bam::emu {
 
+//! Shared memory of controller `index` of a `shm=` spec, checked against the
+//! spec's LBA size (an object attached to without size= has its own size).
+inline std::shared_ptr<shared_memory> open_spec_shared_memory(const device_spec& spec, std::uint32_t index) {
+  auto m = open_shared_memory(spec, index);
+  if (m->size() % spec.lba_size != 0)
+    throw error::invalid_input(spec.text + ": shared memory " + m->object() + " is " + std::to_string(m->size()) +
+                                   " bytes, not a multiple of the LBA size " + std::to_string(spec.lba_size),
+                               EINVAL);
+  return m;
+}
+
 //! Media of software controller `index` of an `emu:` or `emu-gpu:ram=` spec
-//! (a file spec with several controllers uses `path.0`, `path.1`, ...).
+//! (a file spec with several controllers uses `path.0`, `path.1`, ...; a
+//! `shm=NAME` spec `NAME.0`, `NAME.1`, ...).
 inline std::shared_ptr<media> open_media(const device_spec& spec, std::uint32_t index) {
+  if (spec.media == media_kind::shm) return make_shared_memory_media(open_spec_shared_memory(spec, index));
   if (spec.media == media_kind::file && spec.extents) {
     extent_map_options o;
     o.allow_holes = spec.holes;

@@ -28,6 +28,11 @@
 //!    deadline at all for the cache's waits. A miss whose
 //!    set changed in nothing for a whole deadline fails, and so do the
 //!    misses queued behind it on that set, when their turn comes.
+//!  - A cache belongs to one GPU (`page_cache_config::device`, by default
+//!    the one current when it is built): its pages are there, it serves
+//!    storages of that GPU (`storage::device`; another is refused at attach),
+//!    and its host operations make that GPU current themselves. Several GPUs:
+//!    a cache per GPU, each in front of that GPU's storage.
 //!  - After a timeout the cache's GPU memory outlives the cache: when a
 //!    slot was lost or a queue of a storage it served broke, the memory is
 //!    handed to every such storage still alive (`storage::quarantine`) and
@@ -66,6 +71,7 @@ struct page_cache_config {
   std::size_t capacity = 64ull << 20;                        //!< bytes of GPU memory for page data
   std::uint32_t ways = 8;                                    //!< slots per set
   std::uint64_t timeout_ns = nvme::default_queue_timeout_ns; //!< bound of every wait without progress
+  int device = -1;                                           //!< its CUDA device (-1: the one current at construction)
 };
 
 //! Misses and write-backs so far.
@@ -86,6 +92,9 @@ struct array_binding {
 class cache_state {
 public:
   explicit cache_state(const page_cache_config& cfg) : cfg_(cfg) {
+    device_ = cfg.device >= 0 ? cfg.device : current_device();
+    cfg_.device = device_;
+    const device_scope on(device_);
     if (cfg.page_size < min_page_size || cfg.page_size > max_page_size || (cfg.page_size & (cfg.page_size - 1)))
       throw error("page_cache: page size must be a power of two in [512, 65536] (got " + std::to_string(cfg.page_size) +
                   ")");
@@ -112,6 +121,7 @@ public:
   }
 
   ~cache_state() {
+    on_device_.enter_quietly(device_); // also while the members are freed
     write_back_at_destruction();
     // A slot whose command timed out may still be written by that command,
     // and so may a slot whose waiter gave up because its queue broke (a
@@ -163,11 +173,18 @@ public:
   }
   const page_cache_config& config() const { return cfg_; }
   std::uint64_t slot_count() const { return nslots_; }
+  int device() const { return device_; }
 
   //! Attach `npages` pages of an array at `start_lba` (on every controller of `s`).
   array_binding attach(const storage& s, std::uint64_t start_lba, std::uint64_t npages, cudaStream_t stream) {
+    const device_scope on(device_);
     std::lock_guard lock(mutex_);
     const std::string where = s.name();
+    if (s.device() != device_)
+      throw error("page_cache: the cache is on CUDA device " + std::to_string(device_) + " and storage " + where +
+                  " on device " + std::to_string(s.device()) +
+                  " (a cache serves storages of its own GPU: build one per GPU, e.g. with "
+                  "page_cache_config::device and storage_options::device)");
     if (cfg_.page_size % s.lba_size() != 0)
       throw error("page_cache: page size " + std::to_string(cfg_.page_size) + " is not a multiple of the LBA size " +
                   std::to_string(s.lba_size()) + " of " + where);
@@ -262,6 +279,7 @@ public:
   //! user. If the write-back fails, the pages stay (the space lives on, its
   //! storage kept alive) and the error is thrown; `flush` tries again.
   void detach(const array_binding& b, cudaStream_t stream) {
+    const device_scope on(device_);
     std::lock_guard lock(mutex_);
     auto forget = [&] { std::erase_if(extents_, [&](const extent& e) { return e.id == b.id; }); };
     space_host& sp = host_spaces_[b.space];
@@ -289,6 +307,7 @@ public:
   //! storage in use. Throws the first failure (also one recorded by an
   //! earlier `flush_async`).
   void flush(cudaStream_t stream) {
+    const device_scope on(device_);
     std::lock_guard lock(mutex_);
     writeback_locked(~0u, false, stream);
     const std::vector<storage> storages = storages_in_use();
@@ -327,6 +346,7 @@ public:
   //! waiting for them. A failure is recorded: the next `flush`, `detach` or
   //! `check_space` (`array::check`) of an array on that storage throws it.
   void flush_async(cudaStream_t stream) {
+    const device_scope on(device_);
     std::lock_guard lock(mutex_);
     launch_writeback(~0u, false, stream);
     for (const auto& s : storages_in_use()) {
@@ -339,6 +359,7 @@ public:
   }
 
   page_cache_counters counters(cudaStream_t stream) const {
+    const device_scope on(device_);
     unsigned long long c[2 * counter_stripes];
     copy_to_host(c, counters_.get(), 2 * counter_stripes, stream);
     page_cache_counters out;
@@ -351,6 +372,7 @@ public:
 
   //! Throw a recorded write-back failure of space `id`'s pages, if any.
   void check_space(std::uint32_t id, cudaStream_t stream) {
+    const device_scope on(device_);
     std::lock_guard lock(mutex_);
     if (id < max_spaces && host_spaces_[id].used) throw_space_error(id, "page cache write-back failed", stream);
   }
@@ -510,7 +532,9 @@ private:
     throw_if_recorded(sp.flush_err.get(), "NVMe Flush (page_cache::flush_async) failed", name, stream);
   }
 
+  device_scope on_device_; // first: current while the other members are freed
   page_cache_config cfg_;
+  int device_ = 0;
   std::uint64_t nslots_ = 0;
   unsigned page_shift_ = 0;
   aligned_device_memory data_; // freed after every mapping of it is undone (declared first)
@@ -538,6 +562,8 @@ public:
   std::size_t page_size() const { return s_->config().page_size; }
   std::uint64_t slot_count() const { return s_->slot_count(); }
   const page_cache_config& config() const { return s_->config(); }
+  //! The CUDA device that holds the pages (and runs the kernels that use them).
+  int device() const { return s_->device(); }
   //! GPU memory held by metadata (state words, statuses, sets, space table, counters).
   std::size_t metadata_bytes() const {
     return slot_count() * (sizeof(std::uint64_t) + sizeof(std::uint16_t)) +

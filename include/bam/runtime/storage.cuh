@@ -13,6 +13,19 @@
 //! A `storage` is a handle: copies share the same controllers, and arrays and
 //! caches that use it keep it alive (dirty pages can always be written back).
 //!
+//! A storage belongs to one GPU: `storage_options::device`, by default the
+//! device current when it is built. Its queues, PRP lists and the GPU
+//! engine's memory are there, and GPU threads of that device submit to it;
+//! its host operations make that device current themselves (and give the
+//! caller's back). Several GPUs of one process: one storage per GPU, over
+//! the same medium with `emu-gpu:shm=NAME` (one copy of the data), each
+//! with a page cache on its GPU.
+//!
+//! @code
+//!   for (int g = 0; g < gpus; ++g)
+//!     storages.emplace_back("emu-gpu:shm=features,size=64G", bam::storage_options{.device = g});
+//! @endcode
+//!
 //! The transport behind a device string is asked through the registry
 //! (transport/open.hpp); the storage names none. `<bam/bam.cuh>` registers
 //! the kernel module's transport and the software controller.
@@ -41,6 +54,7 @@ inline constexpr std::uint32_t default_max_io_bytes = 64 * 1024;
 struct storage_options {
   std::uint32_t nsid = 1;
   std::uint32_t max_io_bytes = default_max_io_bytes; //!< largest single transfer (PRP list size)
+  int device = -1; //!< the CUDA device whose threads submit (-1: the one current at construction)
 };
 
 //! GPU memory mapped for every controller of a storage: per controller, the
@@ -62,6 +76,9 @@ private:
 namespace detail {
 
 struct storage_state {
+  //! Current while the members below are destroyed (see ~storage_state).
+  device_scope on_device;
+  int device = 0; //!< the CUDA device the queues and their memory belong to
   device_spec spec;
   storage_options opts;
   // Memory a timed-out GPU command may still write (a page cache's pages
@@ -93,7 +110,25 @@ struct storage_state {
   device_buffer<queue_set_ref> refs;
   std::uint32_t lba_size = 0;
   std::uint64_t blocks = 0;
+
+  storage_state() = default;
+  storage_state(const storage_state&) = delete;
+  storage_state& operator=(const storage_state&) = delete;
+  //! Controllers delete their queues and engines free their memory with the
+  //! storage's device current, whichever thread drops the last handle.
+  ~storage_state() { on_device.enter_quietly(device); }
 };
+
+//! The device `opts` names, or the current one.
+inline int storage_device(const storage_options& opts) {
+  if (opts.device < 0) return current_device();
+  int count = 0;
+  BAM_CUDA_TRY(cudaGetDeviceCount(&count));
+  if (opts.device >= count)
+    throw error("storage: CUDA device " + std::to_string(opts.device) + " does not exist (" + std::to_string(count) +
+                " device(s))");
+  return opts.device;
+}
 
 //! Controller options that put I/O queue rings where `rings` says (GPU
 //! memory, or pinned host memory mapped into the GPU) and submitter state in
@@ -114,6 +149,7 @@ inline controller_options gpu_queue_options(controller_options o = {},
 //! True when a GPU thread's command on one of `s`'s I/O queues timed out
 //! (see `storage::any_queue_broken`).
 inline bool any_queue_broken(const storage_state& s) {
+  const device_scope on(s.device);
   // On a stream of its own: waits for no kernel of the caller's.
   cudaStream_t st = nullptr;
   BAM_CUDA_TRY(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -146,6 +182,8 @@ public:
   explicit storage(const std::string& device_string, storage_options opts = {})
       : storage(parse_device(device_string), opts) {}
   explicit storage(const device_spec& spec, storage_options opts = {}) : s_(std::make_shared<detail::storage_state>()) {
+    s_->device = detail::storage_device(opts);
+    const device_scope on(s_->device);
     s_->spec = spec;
     s_->opts = opts;
     controller_options copts;
@@ -162,6 +200,8 @@ public:
   //! submitters (`detail::gpu_queue_options`).
   explicit storage(std::vector<std::shared_ptr<controller>> ctrls, storage_options opts = {})
       : s_(std::make_shared<detail::storage_state>()) {
+    s_->device = detail::storage_device(opts);
+    const device_scope on(s_->device);
     s_->opts = opts;
     s_->description = "controllers given by the caller";
     s_->ctrls = std::move(ctrls);
@@ -189,10 +229,14 @@ public:
   //! What serves the I/O, for reports (the transport's description).
   const std::string& transport_name() const { return s_->description; }
   const device_spec& spec() const { return s_->spec; }
+  //! The CUDA device whose threads submit to this storage's queues (kernels
+  //! that use it, and the page caches in front of it, run there).
+  int device() const { return s_->device; }
 
   //! Map GPU memory `[ptr, ptr + bytes)` for every controller. `ptr` and
   //! `bytes` must be multiples of `gpu_page_size` (64 KiB) for a real controller.
   std::unique_ptr<storage_mapping> map(void* ptr, std::size_t bytes) const {
+    const device_scope on(s_->device);
     auto m = std::make_unique<storage_mapping>();
     std::vector<const std::uint64_t*> tables;
     for (const auto& c : s_->ctrls) {
@@ -226,9 +270,8 @@ private:
     const std::uint32_t max_io = s.opts.max_io_bytes;
     if (max_io < dma_page_size || (max_io & (max_io - 1)) != 0)
       throw error("storage: max_io_bytes must be a power of two >= 4096 (got " + std::to_string(max_io) + ")");
-    int dev = 0, sms = 1;
-    BAM_CUDA_TRY(cudaGetDevice(&dev));
-    BAM_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    int sms = 1;
+    BAM_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, s.device));
     std::vector<queue_set_ref> refs;
     for (std::size_t i = 0; i < s.ctrls.size(); ++i) {
       controller& c = *s.ctrls[i];

@@ -5,11 +5,14 @@
 //!   emu-gpu:hbm=4G               ... media in GPU memory
 //!   emu-gpu:null=1T              ... no media: completes without moving data
 //!   emu-gpu:ram=1G,iops=1M,latency=80us   ... with a model of a real SSD
+//!   emu-gpu:shm=feat,size=64G    ... media in POSIX shared memory (/dev/shm/bam-feat): one copy
+//!                                served by every process and GPU that opens the name
 //!   emu:file=/path/disk.img[,size=8G]     software controller, CPU engine, a file (or block device)
 //!   emu:file=/dev/nvme0n1,ro     ... read-only: writes answered Namespace is Write Protected
 //!   emu:extents=/data/f.bin[,holes]       ... the file read from the raw disk under it through
 //!                                its extent map (read-only; holes as zeroes with `holes`)
 //!   emu:ram=64M                  software controller, CPU engine, RAM
+//!   emu:shm=feat                 ... the shared memory named feat (attached; size= creates it)
 //!   /dev/bam-nvme0[+/dev/bam-nvme1...]    real controllers through the kernel module
 //!
 //! Common options: `ssds=N` (N controllers, pages striped over them; emu only),
@@ -73,6 +76,7 @@ struct device_spec {
   media_kind media = media_kind::ram;
   std::uint64_t bytes = 0;          //!< media size per controller (0 for a file: its size)
   std::string path;                 //!< emu file path
+  std::string shm_name;             //!< `shm=NAME`: the shared memory's name (the object /dev/shm/bam-NAME)
   std::vector<std::string> devices; //!< pci device nodes
   std::uint32_t ssds = 1;
   std::uint32_t lba_size = 512;
@@ -82,10 +86,34 @@ struct device_spec {
   std::uint64_t iops = 0;
   std::uint64_t latency_ns = 0;
   std::uint64_t timeout_ns = 10'000'000'000ull;
-  bool read_only = false; //!< `ro`: file media opened read-only
-  bool extents = false;   //!< `extents=PATH`: the file through its extents on the raw disk
-  bool holes = false;     //!< with extents: holes and unwritten extents read as zeroes
+  bool read_only = false;  //!< `ro`: file media opened read-only
+  bool extents = false;    //!< `extents=PATH`: the file through its extents on the raw disk
+  bool holes = false;      //!< with extents: holes and unwritten extents read as zeroes
+  bool shm_unlink = false; //!< `unlink`: the shared memory's name is removed when its last user closes it
 };
+
+//! Prefix of the POSIX shared-memory objects that `shm=NAME` names (`/dev/shm/bam-NAME`).
+inline constexpr std::string_view shm_object_prefix = "bam-";
+//! Longest NAME of `shm=NAME` (the object's name, prefix included, fits NAME_MAX).
+inline constexpr std::size_t shm_name_max = 200;
+
+//! Why `name` cannot name shared memory (`shm=NAME`), or "" when it can: one
+//! path component of letters, digits, '.', '_' and '-', not "." or "..", at
+//! most `shm_name_max` characters.
+inline std::string shm_name_problem(std::string_view name) {
+  if (name.empty()) return "the shared memory name is empty";
+  if (name.size() > shm_name_max)
+    return "the shared memory name is longer than " + std::to_string(shm_name_max) + " characters";
+  if (name == "." || name == "..") return "the shared memory name '" + std::string(name) + "' is not a name";
+  for (const char c : name) {
+    const bool ok =
+        (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+    if (!ok)
+      return "the shared memory name '" + std::string(name) + "' has '" + std::string(1, c) +
+             "' (one path component: letters, digits, '.', '_', '-')";
+  }
+  return {};
+}
 
 namespace detail {
 
@@ -228,12 +256,22 @@ inline constexpr device_option device_options[] = {
     {"ram=SIZE", "emu:, emu-gpu:", "media in host RAM (pinned for emu-gpu:), SIZE per controller", "emu:ram=64M"},
     {"hbm=SIZE", "emu-gpu:", "media in GPU memory", "emu-gpu:hbm=4G"},
     {"null=SIZE", "emu-gpu:", "no media: commands complete without moving data", "emu-gpu:null=1T"},
+    {"shm=NAME", "emu:, emu-gpu:",
+     "POSIX shared memory /dev/shm/bam-NAME (pinned for emu-gpu:), one copy for every process and GPU that opens "
+     "it; size= creates it zero-filled or attaches to it (sizes must agree), without size= it must exist",
+     "emu-gpu:shm=feat,size=64G"},
     {"file=PATH", "emu:", "a file or block device, O_DIRECT (io_uring with liburing)",
      "emu:file=/data/disk.img,size=8G"},
     {"extents=PATH", "emu:", "a file read from the raw disk under it through its extent map; read-only",
      "emu:extents=/data/features.bin"},
-    {"size=SIZE", "file=", "create or extend the file to SIZE; without it the file must exist",
+    {"size=SIZE", "file=, shm=",
+     "file: create or extend the file to SIZE; shm: create it of SIZE or attach to it (same size); without it the "
+     "file or shared memory must exist",
      "emu:file=disk.img,size=1G"},
+    {"unlink", "shm=",
+     "remove the shared memory's name when its last user closes it (default: it stays until "
+     "removed, as a file would)",
+     "emu-gpu:shm=feat,size=1G,unlink"},
     {"ro", "file=", "read-only: writes are answered Namespace is Write Protected", "emu:file=/dev/nvme0n1,ro"},
     {"holes", "extents=", "holes and unwritten extents read as zeroes instead of being refused",
      "emu:extents=/data/features.bin,holes"},
@@ -305,6 +343,11 @@ inline device_spec parse_device(const std::string& text) {
       opts.remove_prefix(comma + 1);
       return true;
     };
+    if (item == "unlink") {
+      s.shm_unlink = true;
+      if (!next()) break;
+      continue;
+    }
     if (item == "ro" || item == "holes") {
       if (s.kind != device_kind::emu_cpu)
         bad_device(text, std::string(item) + " applies to file media",
@@ -359,6 +402,11 @@ inline device_spec parse_device(const std::string& text) {
       media(k == "ram" ? media_kind::ram : k == "hbm" ? media_kind::hbm : media_kind::null);
       s.bytes = number(size_quantity);
       if (s.bytes == 0) bad_device(text, key + " size is zero", "e.g. " + rewrite("64M"));
+    } else if (k == "shm") {
+      media(media_kind::shm);
+      s.shm_name = std::string(v);
+      if (const std::string why = shm_name_problem(v); !why.empty())
+        bad_device(text, why, "e.g. " + rewrite("features"));
     } else if (k == "file" || k == "extents") {
       if (s.kind != device_kind::emu_cpu)
         bad_device(text, key + " media needs the CPU engine", "write emu:" + std::string(item));
@@ -396,8 +444,12 @@ inline device_spec parse_device(const std::string& text) {
     if (!next()) break;
   }
   if (!have_media) bad_device(text, "no media given", media_hint);
-  if (have_size && s.media != media_kind::file)
-    bad_device(text, "size= applies to file media only",
+  if (s.media == media_kind::shm && have_size && s.bytes == 0)
+    bad_device(text, "size is zero", "e.g. " + scheme_colon + "shm=" + s.shm_name + ",size=1G");
+  if (s.shm_unlink && s.media != media_kind::shm)
+    bad_device(text, "unlink applies to shm= media only", "e.g. emu-gpu:shm=features,size=1G,unlink");
+  if (have_size && s.media != media_kind::file && s.media != media_kind::shm)
+    bad_device(text, "size= applies to file and shm= media only",
                "give the size to " + media_key + "=, e.g. " + scheme_colon + media_key + "=64M");
   if (s.read_only && s.media != media_kind::file)
     bad_device(text, "ro applies to file media only", "e.g. emu:file=/path/disk.img,ro");

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 //! Where a software controller keeps its blocks: the media kinds device
-//! strings name (`emu-gpu:hbm=4G`, `emu:file=...`) and the engines serve.
+//! strings name (`emu-gpu:hbm=4G`, `emu:file=...`, `emu-gpu:shm=NAME,size=64G`)
+//! and the engines serve.
 #pragma once
 
 namespace bam {
@@ -10,6 +11,7 @@ enum class media_kind {
   hbm,  //!< GPU memory (GPU engine only)
   null, //!< no data: reads leave the target alone, writes are dropped (GPU engine only)
   file, //!< a file or block device (CPU engines only)
+  shm,  //!< POSIX shared memory: one copy of the blocks for every process and GPU that opens its name
 };
 
 inline const char* media_name(media_kind m) {
@@ -18,6 +20,7 @@ inline const char* media_name(media_kind m) {
   case media_kind::hbm: return "hbm";
   case media_kind::null: return "null";
   case media_kind::file: return "file";
+  case media_kind::shm: return "shm";
   }
   return "?";
 }
