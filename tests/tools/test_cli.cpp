@@ -604,7 +604,7 @@ TEST_CASE("bam load onto shared memory keeps the data for the next process; shm 
   INFO("stderr: " << r.err);
   CHECK(r.status == 0);
   CHECK(loaded["checksum"] == bam::file_checksum(d / "src"));
-  CHECK(bam::file_checksum(d / "back") == loaded["checksum"]);
+  CHECK(bam::file_checksum(d / "back") == loaded["checksum"].get<std::string>());
   const json listed = bam_json(d, {"shm", "list"});
   const auto& all = listed["shared_memory"];
   const auto it = std::find_if(all.begin(), all.end(), [&](const json& j) { return j["name"] == name; });
