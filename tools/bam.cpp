@@ -780,11 +780,6 @@ int main(int argc, char** argv) {
   size_option(dump, "--max-rate", ta.max_rate, "bytes per second at most");
   std::string file;
   auto* checksum = app.add_subcommand("checksum", "XXH3-128 of a file, in the form load and dump print");
-  std::string shm_action;
-  std::vector<std::string> shm_names;
-  auto* shm = app.add_subcommand("shm", "shared memory of shm=NAME device strings: list, or remove NAME...");
-  shm->add_option("action", shm_action, "list | remove")->required()->check(CLI::IsMember({"list", "remove"}));
-  shm->add_option("names", shm_names, "names to remove");
   checksum->add_option("file", file, "file")->required()->check(CLI::ExistingFile);
   map_args ma;
   auto* map = app.add_subcommand(
@@ -802,6 +797,11 @@ int main(int argc, char** argv) {
   map->add_flag("--allow-holes", ma.allow_holes, "read holes and unwritten extents as zeroes instead of refusing");
   map->add_flag("--verify", ma.verify, "read the whole file through the device and compare its checksum");
   map->add_option("--runs", ma.show_runs, "runs to print (default 16)");
+  std::string shm_action;
+  std::vector<std::string> shm_names;
+  auto* shm = app.add_subcommand("shm", "shared memory of shm=NAME device strings: list, or remove NAME...");
+  shm->add_option("action", shm_action, "list | remove")->required()->check(CLI::IsMember({"list", "remove"}));
+  shm->add_option("names", shm_names, "names to remove");
   std::string topic;
   auto* help = app.add_subcommand("help", "this help, a command's ('bam help load'), or device strings ('bam help "
                                           "devices')");

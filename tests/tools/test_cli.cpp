@@ -478,7 +478,7 @@ TEST_CASE("bam exit status: 0 done, 1 failed, 2 a wrong command line; --version;
   run_result r = run_bam(d, {"frobnicate"});
   CHECK(r.status == 2);
   CHECK(r.err.find("bam: unknown command 'frobnicate' (commands: list, bind, unbind, identify, smart, load, dump, "
-                   "checksum, map, help; see bam --help)") == 0);
+                   "checksum, map, shm, help; see bam --help)") == 0);
   CHECK(count_lines(r.err) == 1);
   r = run_bam(d, {});
   CHECK(r.status == 2);
