@@ -40,10 +40,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   expect(s.io_queues >= 1 && s.queue_depth >= 2 && s.threads >= 1, "queue or thread count out of range");
   if (s.media == bam::media_kind::file)
     expect(!s.path.empty(), "file media without a path");
+  else if (s.media == bam::media_kind::shm)
+    expect(!s.shm_name.empty(), "shared memory without a name"); // no size: it attaches to one that exists
   else
     expect(s.bytes != 0, "media of zero bytes");
+  if (s.media != bam::media_kind::shm) expect(!s.shm_unlink, "unlink without shared memory");
   if (s.kind == bam::device_kind::emu_cpu)
-    expect(s.media == bam::media_kind::ram || s.media == bam::media_kind::file, "GPU-only media on the CPU engine");
+    expect(s.media == bam::media_kind::ram || s.media == bam::media_kind::file || s.media == bam::media_kind::shm,
+           "GPU-only media on the CPU engine");
   if (s.read_only) expect(s.media == bam::media_kind::file, "read-only media that is not a file");
   if (s.extents) expect(s.read_only && s.ssds == 1 && s.bytes == 0, "extents media writable, striped or sized");
   if (s.holes) expect(s.extents, "holes without extents media");
