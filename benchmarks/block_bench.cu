@@ -72,6 +72,7 @@ struct options {
   double seconds = 0.5;            //!< target time of one timed repetition
   int reps = 3;
   bool compare = false;
+  bool host_ceiling = false; //!< with --gpus: the zero-copy host gather on the same GPUs at once
   bool verify = true;
   bool verify_all = false;
   std::string json;
@@ -464,6 +465,44 @@ nlohmann::json gather_ceiling(const options& o, bool host, std::uint64_t bytes) 
       {"bad_words", r.second.bad}};
 }
 
+//! gather_ceiling from pinned host memory on GPUs 0 .. n-1 at once (a host
+//! thread each, started together): what the host's memory and the GPUs' links
+//! give a medium in host memory (shm=, ram=) when n GPUs read it.
+nlohmann::json host_gather_on_gpus(const options& o, int n) {
+  const std::uint64_t bytes = std::max<std::uint64_t>(4ull << 30, std::uint64_t{o.io_size} * 1024);
+  std::barrier<> barrier(n);
+  std::vector<nlohmann::json> per(static_cast<std::size_t>(n));
+  std::exception_ptr failed;
+  std::mutex failed_mutex;
+  std::vector<std::thread> threads;
+  for (int k = 0; k < n; ++k)
+    threads.emplace_back([&, k] {
+      try {
+        BAM_CUDA_TRY(cudaSetDevice(k));
+        barrier.arrive_and_wait();
+        per[static_cast<std::size_t>(k)] = gather_ceiling(o, true, bytes);
+      } catch (...) {
+        std::lock_guard lock(failed_mutex);
+        if (!failed) failed = std::current_exception();
+      }
+    });
+  for (auto& t : threads)
+    t.join();
+  if (failed) std::rethrow_exception(failed);
+  double ops = 0;
+  unsigned long long bad = 0;
+  for (const auto& r : per) {
+    ops += r["ops_per_s"].get<double>();
+    bad += r["bad_words"].get<unsigned long long>();
+  }
+  return {{"what", "GPU zero-copy random gather from pinned host memory, " + std::to_string(n) + " GPU(s) at once"},
+          {"gpus", n},
+          {"io_bytes", o.io_size},
+          {"ops_per_s", ops},
+          {"GB_per_s", ops * o.io_size / 1e9},
+          {"bad_words", bad}};
+}
+
 nlohmann::json memcpy_ceiling() {
   const std::size_t bytes = 1ull << 30;
   bam::pinned_buffer<std::uint8_t> h(bytes);
@@ -544,6 +583,9 @@ int main(int argc, char** argv) {
                  "count; shm= media: one copy of the data for all)")
       ->delimiter(',')
       ->check(CLI::Range(1, 64));
+  app.add_flag("--host-ceiling", o.host_ceiling,
+               "with --gpus: after each GPU count, the zero-copy random gather from pinned host memory on as many GPUs "
+               "at once (the ceiling of a medium in host memory), and each run's ratio to it");
   CLI11_PARSE(app, argc, argv);
   if (o.commit.empty()) o.commit = std::getenv("BAM_COMMIT") ? std::getenv("BAM_COMMIT") : "unknown";
   if (o.devices.empty())
@@ -585,6 +627,14 @@ int main(int argc, char** argv) {
       std::optional<nlohmann::json> one_gpu;
       for (const int n : o.gpus) {
         run_result r = run_device_on_gpus(o, d, n);
+        if (o.host_ceiling && o.mode != "gather") { // gather's figures count rows, not bytes moved
+          const nlohmann::json c = host_gather_on_gpus(o, n);
+          r.j["host_ceiling"] = c;
+          r.j["ratio_to_host_ceiling"] = r.j["GB_per_s"].get<double>() / c["GB_per_s"].get<double>();
+          std::printf("  ceiling, same run: %s: %.2f GB/s (this run: %.2f of it)\n",
+                      c["what"].get<std::string>().c_str(), c["GB_per_s"].get<double>(),
+                      r.j["ratio_to_host_ceiling"].get<double>());
+        }
         if (n == 1) one_gpu = r.j;
         if (n > 1 && one_gpu) {
           // Against n independent GPUs at the one-GPU rate (1.0: perfect scaling).

@@ -213,3 +213,82 @@ TEST_CASE("shared media: one process, a storage and a cache per GPU over one med
     bad += words[i] != table_word(i, 7);
   CHECK(bad == 0);
 }
+
+TEST_CASE("several GPUs: an array on GPU 0, its check, gathers, holds and hot set called while GPU 1 is current",
+          "[shm][gpu]") {
+  if (gpu_count() < 2) SKIP("this test needs 2 GPUs; " << gpu_count() << " found");
+  scratch_name n;
+  const std::string dev = "emu-gpu:shm=" + n.name + ",size=" + std::to_string(media_bytes) + ",unlink";
+  cudaStream_t stream = nullptr; // the user's stream, on GPU 0
+  {
+    const bam::device_scope on(0);
+    BAM_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  }
+  constexpr std::uint64_t row = 1024;                         // one page a row
+  const std::vector<std::uint64_t> ids{5, 4095, 17, 2048, 5}; // rows of the table
+  bam::device_buffer<std::uint64_t> d_ids;
+  bam::device_buffer<std::uint32_t> d_out;
+  {
+    const bam::device_scope on(0);
+    d_ids = bam::device_buffer<std::uint64_t>(ids.size() + 1);
+    d_out = bam::device_buffer<std::uint32_t>((ids.size() + 1) * row);
+    const std::uint64_t bad_row = table_words / row; // one past the last row
+    bam::copy_to_device(d_ids.get(), ids.data(), ids.size());
+    bam::copy_to_device(d_ids.get() + ids.size(), &bad_row, 1);
+  }
+  {
+    // Everything below is called with GPU 1 current; the array lives on GPU 0.
+    const bam::device_scope start(1);
+    bam::storage s0(dev, {.device = 0});
+    bam::page_cache c0({.page_size = page_bytes, .capacity = cache_bytes, .device = 0});
+    bam::array<std::uint32_t> a(c0, s0, table_words);
+    CHECK(a.device() == 0);
+    CHECK(bam::current_device() == 1);
+    {
+      const bam::device_scope on(0);
+      write_table<<<grid_blocks, block_threads, 0, stream>>>(a.ref(), 0, table_words, 3);
+      BAM_CUDA_TRY(cudaGetLastError());
+    }
+    a.check(stream);
+    CHECK(bam::current_device() == 1);
+
+    // Gathered once (the rows' pages come into the cache), held, gathered again.
+    bam::gather_rows(a, d_ids.get(), ids.size(), row, d_out.get(), stream);
+    a.check(stream);
+    bam::row_holds<std::uint32_t> holds(a);
+    holds.hold(d_ids.get(), ids.size(), row, stream);
+    const std::uint64_t held = holds.held(stream);
+    CHECK(held > 0);
+    CHECK(held <= 4); // one page a row, row 5 twice
+    BAM_CUDA_TRY(cudaMemsetAsync(d_out.get(), 0, ids.size() * row * 4, stream));
+    bam::gather_rows(a, d_ids.get(), ids.size(), row, d_out.get(), stream);
+    holds.release(stream);
+    a.check(stream);
+    std::vector<std::uint32_t> out(ids.size() * row);
+    bam::copy_to_host(out.data(), d_out.get(), out.size(), stream);
+    std::uint64_t bad = 0;
+    for (std::size_t k = 0; k < ids.size(); ++k)
+      for (std::uint64_t j = 0; j < row; ++j)
+        bad += out[k * row + j] != table_word(ids[k] * row + j, 3);
+    CHECK(bad == 0);
+
+    // A bad row is recorded in the array's error record (on GPU 0) and reported.
+    bam::gather_rows(a, d_ids.get(), ids.size() + 1, row, d_out.get(), stream);
+    CHECK_THROWS_AS(a.check(stream), bam::error);
+
+    // A hot set made while GPU 1 is current serves a gather on GPU 0.
+    const bam::hot_rows<std::uint32_t> hot(a, row, {17, 2048}, stream);
+    BAM_CUDA_TRY(cudaMemsetAsync(d_out.get(), 0, ids.size() * row * 4, stream)); // a GPU 0 stream: fine from GPU 1
+    bam::gather_rows(a, d_ids.get(), ids.size(), row, d_out.get(), hot, stream);
+    a.check(stream);
+    bam::copy_to_host(out.data(), d_out.get(), out.size(), stream);
+    bad = 0;
+    for (std::size_t k = 0; k < ids.size(); ++k)
+      for (std::uint64_t j = 0; j < row; ++j)
+        bad += out[k * row + j] != table_word(ids[k] * row + j, 3);
+    CHECK(bad == 0);
+    CHECK(bam::current_device() == 1);
+    // The array, cache and storage are destroyed with GPU 1 current.
+  }
+  BAM_CUDA_TRY(cudaStreamDestroy(stream));
+}

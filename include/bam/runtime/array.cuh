@@ -88,6 +88,7 @@ public:
   //! cannot share pages with.
   array(page_cache& cache, const storage& s, std::uint64_t n, std::uint64_t start_lba = 0, cuda::stream_ref stream = {})
       : cache_(cache.state()), storage_(s), n_(n) {
+    const device_scope on(cache.device());
     check_element_size(cache);
     if (n == 0) throw error("bam::array: an array needs at least one element");
     const std::uint64_t per_page = cache.page_size() / sizeof(T);
@@ -115,6 +116,7 @@ public:
   //! (> 0) of elements.
   array(page_cache& cache, const storage& s, const extent_map& file, cuda::stream_ref stream = {})
       : cache_(cache.state()), storage_(s), n_(file.file_size() / sizeof(T)) {
+    const device_scope on(cache.device());
     check_element_size(cache);
     const extent_map_ref host = file.ref();
     if (file.lba_size() != s.lba_size())
@@ -157,6 +159,7 @@ public:
   //! of elements.
   static array open(page_cache& cache, const std::string& path, const std::string& options = "",
                     cuda::stream_ref stream = {}) {
+    const device_scope on(cache.device()); // the storage's queues on the cache's GPU
     const file_access a = plan_file_access(path);
     if (a.kind == file_access::path::via_file) warn(path + ": " + a.reason);
     const std::uint64_t bytes = a.map ? a.map->file_size() : std::filesystem::file_size(path);
@@ -181,6 +184,8 @@ public:
   //! and `page_cache::flush` tries again.
   ~array() {
     if (!attached_) return;
+    device_scope on;
+    on.enter_quietly(cache_->device());
     try {
       try {
         check(cuda::stream_ref{});
@@ -211,12 +216,17 @@ public:
   std::uint64_t size() const { return n_; }
   std::uint64_t pages() const { return npages_; }
   const bam::storage& storage() const { return *storage_; }
+  //! The CUDA device of the array's cache: kernels that use ref() run there,
+  //! and the host calls above make it current for their work (any device may
+  //! be current when they are called).
+  int device() const { return cache_->device(); }
 
   //! Report a failure a kernel recorded since the last check. Waits for
   //! `stream` (the one the kernels ran on) and no other.
   //! @throw bam::error for the first failure recorded (bad index, NVMe error
   //! status, timeout, a failed write-back or `flush_async` of the array's pages).
   void check(cuda::stream_ref stream = {}) {
+    const device_scope on(cache_->device());
     BAM_CUDA_TRY(cudaStreamSynchronize(stream.get()));
     auto name = [&](std::uint32_t c) { return storage_->controller_name(c); };
     throw_if_recorded(err_.get(), "bam::array access failed", name, stream.get());
@@ -235,6 +245,7 @@ public:
   //! detached either way and the pages stay in the cache until a flush writes them.
   void detach(cuda::stream_ref stream = {}) {
     if (!attached_) return;
+    const device_scope on(cache_->device());
     attached_ = false;
     cache_->detach(binding_, stream.get());
   }

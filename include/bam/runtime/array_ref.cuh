@@ -186,16 +186,17 @@ private:
   BAM_DEVICE bool copy_slow(std::uint64_t begin, std::uint64_t count, T* out, pin_result pinned, bool have_pins) const;
   //! The page walker of range copies and row scatters (whole-warp): each
   //! lane asks for one page of elements [begin, begin + count) (in range,
-  //! count > 0), up to 32 in flight, pinned for writing when `ForWrite`; as
-  //! each arrives (or fails: recorded), the whole warp calls `on_page(slot,
-  //! lo, hi, good)` for its elements [lo, hi), which returns a dependency
-  //! token (0) of the values it read, and the page is let go after every
-  //! lane's reads (or, `ForWrite`, stores). `pinned` is this lane's pin of
-  //! page `first + lane` when `have_pins`.
+  //! count > 0), up to 32 in flight, pinned for writing when `ForWrite`. As
+  //! each page arrives, the whole warp calls `on_page(slot, lo, hi)` for its
+  //! elements [lo, hi), which returns a dependency token (0) of the values
+  //! it read, and the page is let go after every lane's reads (or,
+  //! `ForWrite`, stores); a page that could not be had is recorded and the
+  //! warp calls `on_failed(lo, hi)`. `pinned` is this lane's pin of page
+  //! `first + lane` when `have_pins`.
   //! @return false if a page could not be had
-  template <bool ForWrite, class OnPage>
+  template <bool ForWrite, class OnPage, class OnFailed>
   BAM_DEVICE bool walk_pages(std::uint64_t begin, std::uint64_t count, pin_result pinned, bool have_pins,
-                             OnPage&& on_page) const;
+                             OnPage&& on_page, OnFailed&& on_failed) const;
 
   page_cache_ref cache_{};
   std::uint64_t n_ = 0;

@@ -113,7 +113,9 @@ public:
         throw error("bam::hot_rows: row " + std::to_string(sorted[k]) + " is given twice", einval());
     }
     const cudaStream_t stream = stream_ref.get();
-    if (sorted.empty()) return; // nothing hot: ref() holds nothing, every row goes through the cache
+    if (sorted.empty()) return; // nothing hot
+    const device_scope on(
+        a.device()); // the tables beside the array's cache: ref() holds nothing, every row goes through the cache
     const std::uint64_t words = (rows_ + 63) / 64;
     std::vector<std::uint64_t> bits(words, 0);
     std::vector<std::uint32_t> before(words, 0);

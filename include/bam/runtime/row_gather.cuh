@@ -87,10 +87,11 @@ namespace detail {
 //! element index of the row's first element (saturated where it overflows).
 template <class T>
 BAM_DEVICE void record_bad_row(const array_ref<T>& a, std::uint64_t id, std::uint64_t row_width) {
-  if (lane_id() != 0) return;
+  device_error_record* const err = ref_access::error_record(a);
+  if (lane_id() != 0 || err == nullptr) return;
   constexpr std::uint64_t max = ~std::uint64_t{0};
   const std::uint64_t first = row_width != 0 && id > max / row_width ? max : id * row_width;
-  a.record_failure(nvme::status_out_of_range, failure_site::element(first));
+  err->record(nvme::status_out_of_range, failure_site::element(first));
 }
 
 } // namespace detail
@@ -141,10 +142,12 @@ BAM_DEVICE bool scatter_range(const array_ref<T>& a, std::uint64_t begin, std::u
   if (count == 0) return true;
   const unsigned lane = lane_id();
   return ref_access::walk_pages<true>(
-      a, begin, count, [&](std::uint32_t slot, std::uint64_t lo, std::uint64_t hi, bool good) -> unsigned {
-        if (good) warp_copy_in(ref_access::element(a, slot, lo), in + (lo - begin), hi - lo, lane);
-        return 0;
-      });
+      a, begin, count,
+      [&](std::uint32_t slot, std::uint64_t lo, std::uint64_t hi) {
+        warp_copy_in(ref_access::element(a, slot, lo), in + (lo - begin), hi - lo, lane);
+        return 0u;
+      },
+      [](std::uint64_t, std::uint64_t) {});
 }
 
 } // namespace detail
@@ -356,6 +359,7 @@ void launch_gather_rows(array<T>& a, const Id* d_ids, std::uint64_t count, std::
   static_assert(std::is_integral_v<Id>, "row ids are integers");
   const unsigned group = rows_per_warp_for("bam::gather_rows", a, row_width, count, rows_per_warp);
   if (count == 0) return;
+  const device_scope on(a.device());
   gather_rows_kernel<T, Id><<<rows_grid(count, group), gather_block_threads, 0, stream>>>(a.ref(), d_ids, count,
                                                                                           row_width, d_out, hot, group);
   BAM_CUDA_TRY(cudaGetLastError());
@@ -367,6 +371,7 @@ void launch_scatter_rows(array<T>& a, const Id* d_ids, std::uint64_t count, std:
   static_assert(std::is_integral_v<Id>, "row ids are integers");
   const unsigned group = rows_per_warp_for("bam::scatter_rows", a, row_width, count, rows_per_warp);
   if (count == 0) return;
+  const device_scope on(a.device());
   scatter_rows_kernel<T, Id>
       <<<rows_grid(count, group), gather_block_threads, 0, stream>>>(a.ref(), d_ids, count, row_width, d_in, group);
   BAM_CUDA_TRY(cudaGetLastError());

@@ -98,10 +98,15 @@ template <class T>
 class row_holds {
 public:
   //! Room for as many holds as the cache admits at once (half its slots).
-  explicit row_holds(array<T>& a)
-      : a_(&a), capacity_(capacity_of(a.ref())), slots_(std::max<std::uint64_t>(capacity_, 1)), held_(1) {}
+  explicit row_holds(array<T>& a) : a_(&a), capacity_(capacity_of(a.ref())) {
+    const device_scope on(a.device()); // the holds live beside the cache
+    slots_ = device_buffer<std::uint32_t>(std::max<std::uint64_t>(capacity_, 1));
+    held_ = device_buffer<unsigned long long>(1);
+  }
   ~row_holds() {
     if (!used_) return;
+    device_scope on;
+    on.enter_quietly(a_->device());
     // Errors are logged, not thrown: the pins go with the process at worst.
     detail::release_holds_kernel<>
         <<<release_grid(), detail::holds_block_threads, 0, stream_>>>(cache(), slots_.get(), capacity_, held_.get());
@@ -126,6 +131,7 @@ public:
     used_ = true;
     stream_ = stream;
     if (count == 0 || capacity_ == 0) return;
+    const device_scope on(a_->device());
     constexpr std::uint64_t warps_per_block = detail::holds_block_threads / 32;
     const std::uint64_t blocks = ((count + 31) / 32 + warps_per_block - 1) / warps_per_block;
     const unsigned grid = static_cast<unsigned>(std::min<std::uint64_t>(blocks, detail::holds_max_blocks));
@@ -137,6 +143,7 @@ public:
   //! On `stream`: drop every hold.
   void release(cuda::stream_ref stream_ref = {}) {
     if (!used_) return;
+    const device_scope on(a_->device());
     const cudaStream_t stream = stream_ref.get();
     detail::release_holds_kernel<>
         <<<release_grid(), detail::holds_block_threads, 0, stream>>>(cache(), slots_.get(), capacity_, held_.get());

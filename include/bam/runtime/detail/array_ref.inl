@@ -270,23 +270,23 @@ template <class T>
 BAM_DEVICE BAM_NOINLINE bool array_ref<T>::copy_slow(std::uint64_t begin, std::uint64_t count, T* out,
                                                      pin_result pinned, bool have_pins) const {
   const unsigned lane = detail::lane_id();
-  return walk_pages<false>(begin, count, pinned, have_pins,
-                           [&](std::uint32_t slot, std::uint64_t lo, std::uint64_t hi, bool good) -> unsigned {
-                             if (good) {
-                               const auto* src = reinterpret_cast<const unsigned char*>(element(slot, lo));
-                               return detail::warp_copy_out(reinterpret_cast<unsigned char*>(out + (lo - begin)), src,
-                                                            (hi - lo) * sizeof(T), lane, cache_.zero_);
-                             }
-                             for (std::uint64_t e = lo + lane; e < hi; e += 32)
-                               out[e - begin] = T{};
-                             return 0;
-                           });
+  return walk_pages<false>(
+      begin, count, pinned, have_pins,
+      [&](std::uint32_t slot, std::uint64_t lo, std::uint64_t hi) {
+        const auto* src = reinterpret_cast<const unsigned char*>(element(slot, lo));
+        return detail::warp_copy_out(reinterpret_cast<unsigned char*>(out + (lo - begin)), src, (hi - lo) * sizeof(T),
+                                     lane, cache_.zero_);
+      },
+      [&](std::uint64_t lo, std::uint64_t hi) {
+        for (std::uint64_t e = lo + lane; e < hi; e += 32)
+          out[e - begin] = T{};
+      });
 }
 
 template <class T>
-template <bool ForWrite, class OnPage>
+template <bool ForWrite, class OnPage, class OnFailed>
 BAM_DEVICE bool array_ref<T>::walk_pages(std::uint64_t begin, std::uint64_t count, pin_result pinned, bool have_pins,
-                                         OnPage&& on_page) const {
+                                         OnPage&& on_page, OnFailed&& on_failed) const {
   using namespace detail;
   constexpr unsigned full = 0xffffffffu;
   const unsigned lane = lane_id();
@@ -301,7 +301,7 @@ BAM_DEVICE bool array_ref<T>::walk_pages(std::uint64_t begin, std::uint64_t coun
     const std::uint64_t my_page = p0 + lane;
     if (my_page <= last) {
       r.key = page_key(space_, first_page_ + my_page);
-      r.for_write = ForWrite;
+      if constexpr (ForWrite) r.for_write = true;
       if (have_pins && p0 == first) {
         // The caller's pin (hit, loading, or nothing).
         r.slot = pinned.slot;
@@ -324,11 +324,14 @@ BAM_DEVICE bool array_ref<T>::walk_pages(std::uint64_t begin, std::uint64_t coun
         const std::uint64_t page = p0 + k;
         const std::uint64_t lo = page == first ? begin : page * per_page;
         const std::uint64_t hi = page == last ? begin + count : (page + 1) * per_page;
-        if (!good) {
+        unsigned token = 0;
+        if (good) {
+          token = on_page(slot, lo, hi);
+        } else {
           ok = false;
           if (lane == k) fail(nvme::status(st), lo);
+          on_failed(lo, hi);
         }
-        unsigned token = on_page(slot, lo, hi, good);
         if constexpr (ForWrite) {
           // Every lane's stores before the page is let go (release order).
           __syncwarp(full);

@@ -65,16 +65,22 @@ struct ref_access {
   BAM_DEVICE static T* element(const array_ref<T>& a, std::uint32_t slot, std::uint64_t i) {
     return a.element(slot, i);
   }
+  //! The array's error record (nullptr: failures go unrecorded).
+  template <class T>
+  BAM_HD static device_error_record* error_record(const array_ref<T>& a) {
+    return a.err_;
+  }
   //! Record a failure of element `i` (with its page's controller and LBA).
   template <class T>
   BAM_DEVICE static void fail(const array_ref<T>& a, nvme::status st, std::uint64_t i) {
     a.fail(st, i);
   }
   //! The page walker of `copy_to` (see `array_ref::walk_pages`).
-  template <bool ForWrite, class T, class OnPage>
-  BAM_DEVICE static bool walk_pages(const array_ref<T>& a, std::uint64_t begin, std::uint64_t count, OnPage&& on_page) {
+  template <bool ForWrite, class T, class OnPage, class OnFailed>
+  BAM_DEVICE static bool walk_pages(const array_ref<T>& a, std::uint64_t begin, std::uint64_t count, OnPage&& on_page,
+                                    OnFailed&& on_failed) {
     return a.template walk_pages<ForWrite>(begin, count, pin_result{0, pin_state::miss}, false,
-                                           std::forward<OnPage>(on_page));
+                                           std::forward<OnPage>(on_page), std::forward<OnFailed>(on_failed));
   }
 };
 

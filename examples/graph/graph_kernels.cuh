@@ -1,0 +1,449 @@
+// SPDX-License-Identifier: MIT
+// The GPU algorithms of `bam-graph`, each a function template over how the
+// graph is read (`graph_view<Offsets, Edges>`), so that the same kernels
+// run over the graph in a bam::array through the page cache, in GPU memory
+// (the upper bound) and in pinned host memory read zero-copy (the paper's
+// baseline):
+//
+//   pointer_source<T>     a plain pointer: GPU memory, or pinned host memory
+//   bam_copy_source<T>    a bam::array_ref: a warp reads a node's neighbours
+//                         with copy_to, up to 1024 ids at a time through
+//                         shared memory (up to 32 pages in flight)
+//   bam_reader_source<T>  a bam::array_ref: lanes read ids 32 apart through
+//                         a reader (one cache lookup per page per warp)
+//
+// A source reads one element per lane (`get`, warp-collective over the
+// active lanes) or a range warp-cooperatively (`warp_range`, the whole warp,
+// converged, with the same range), calling f(value) on the lanes.
+//
+//   bfs_gpu       level-synchronous top-down BFS: a warp per frontier node,
+//                 the next frontier compacted with CUB (sorted by node id,
+//                 so that the next level reads the edge array in order)
+//   cc_gpu        Afforest, as cc_cpu (graph_cpu.hpp), labels equal to it
+//   pagerank_gpu  pull-based PageRank: a warp per node sums its neighbours'
+//                 rank / degree, as pagerank_cpu
+#pragma once
+
+#include <bam/bam.cuh> // first: the GPU engine's device hook goes into the runtime's wait loops
+
+#include "../gnn/gnn_cuda.cuh"
+
+#include <cub/block/block_reduce.cuh>
+#include <cub/device/device_select.cuh>
+#include <thrust/iterator/counting_iterator.h>
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+namespace bam::graph {
+
+inline constexpr std::uint32_t unreached = 0xffffffffu;
+inline constexpr unsigned warps_per_block = gnn::block_threads / 32;
+//! Afforest: neighbours hooked per node before the largest component is skipped.
+inline constexpr unsigned afforest_rounds = 2;
+
+//! Blocks for `warps` warps (a warp per item): capped, the kernels loop with
+//! a grid stride, and their one atomic per warp at the end stays cheap.
+inline unsigned grid_for_warps(std::uint64_t warps) {
+  return static_cast<unsigned>(std::clamp<std::uint64_t>((warps + warps_per_block - 1) / warps_per_block, 1, 8192));
+}
+
+BAM_DEVICE inline unsigned lane_of_thread() { return threadIdx.x & 31u; }
+
+// ---- how the graph is read --------------------------------------------------
+
+template <class T>
+struct pointer_source {
+  static constexpr bool through_cache = false;
+  const T* p = nullptr;
+  BAM_DEVICE T get(std::uint64_t i) const { return p[i]; }
+  template <class F>
+  BAM_DEVICE std::uint64_t warp_range(std::uint64_t begin, std::uint64_t end, F&& f) const {
+    for (std::uint64_t j = begin + lane_of_thread(); j < end; j += 32)
+      f(p[j]);
+    return 0;
+  }
+};
+
+//! Pages of 2^shift elements that [begin, end) spans.
+BAM_DEVICE inline std::uint64_t pages_spanned(std::uint64_t begin, std::uint64_t end, unsigned shift) {
+  return end > begin ? ((end - 1) >> shift) - (begin >> shift) + 1 : 0;
+}
+
+template <class T>
+struct bam_copy_source {
+  static constexpr bool through_cache = true;
+  static constexpr unsigned chunk = 4096 / sizeof(T); //!< elements a warp copies at a time
+  array_ref<T> a;
+  unsigned page_shift = 0; //!< log2(elements per cache page)
+  BAM_DEVICE T get(std::uint64_t i) const { return a[i]; }
+  template <class F>
+  BAM_DEVICE std::uint64_t warp_range(std::uint64_t begin, std::uint64_t end, F&& f) const {
+    __shared__ T buf[warps_per_block][chunk];
+    T* mine = buf[threadIdx.x / 32];
+    for (std::uint64_t c = begin; c < end; c += chunk) {
+      const std::uint64_t n = end - c < chunk ? end - c : chunk;
+      a.copy_to(c, n, mine);
+      __syncwarp();
+      for (std::uint64_t k = lane_of_thread(); k < n; k += 32)
+        f(mine[k]);
+      __syncwarp();
+    }
+    return pages_spanned(begin, end, page_shift);
+  }
+};
+
+template <class T>
+struct bam_reader_source {
+  static constexpr bool through_cache = true;
+  array_ref<T> a;
+  unsigned page_shift = 0;
+  BAM_DEVICE T get(std::uint64_t i) const { return a[i]; }
+  template <class F>
+  BAM_DEVICE std::uint64_t warp_range(std::uint64_t begin, std::uint64_t end, F&& f) const {
+    auto r = a.reader();
+    for (std::uint64_t j = begin + lane_of_thread(); j < end; j += 32)
+      f(r[j]);
+    return pages_spanned(begin, end, page_shift);
+  }
+};
+
+//! A graph as the kernels read it: `nodes`, offsets (uint64, nodes + 1) and
+//! edges (uint32). `visits` (may be null) counts the cache pages the reads
+//! through the cache touched: the pages each warp's range spans, and one
+//! per single-element read.
+template <class Offsets, class Edges>
+struct graph_view {
+  std::uint64_t nodes = 0;
+  Offsets off;
+  Edges edg;
+  unsigned long long* visits = nullptr;
+
+  //! [begin, end) of node v's neighbours, read by the calling lane.
+  BAM_DEVICE void row(std::uint64_t v, std::uint64_t& begin, std::uint64_t& end, std::uint64_t& seen) const {
+    begin = off.get(v);
+    end = off.get(v + 1);
+    if constexpr (Offsets::through_cache) seen += 2;
+  }
+  //! The same for a warp working on v together (lanes 0 and 1 read).
+  BAM_DEVICE void warp_row(std::uint64_t v, std::uint64_t& begin, std::uint64_t& end, std::uint64_t& seen) const {
+    const unsigned lane = lane_of_thread();
+    std::uint64_t x = 0;
+    if (lane < 2) x = off.get(v + lane);
+    begin = __shfl_sync(0xffffffffu, x, 0);
+    end = __shfl_sync(0xffffffffu, x, 1);
+    if constexpr (Offsets::through_cache) seen += lane == 0;
+  }
+  BAM_DEVICE void count(std::uint64_t seen) const {
+    if (visits != nullptr && seen != 0) atomicAdd(visits, static_cast<unsigned long long>(seen));
+  }
+};
+
+//! A warp per node of list[0, count) (grid-stride): f(v, begin, end) with the
+//! whole warp, then the pages it reported counted.
+template <class V, class F>
+BAM_DEVICE void warp_per_listed_node(const V& g, const std::uint32_t* list, std::uint64_t count, F&& f) {
+  std::uint64_t seen = 0;
+  const std::uint64_t warps = std::uint64_t{gridDim.x} * blockDim.x / 32;
+  for (std::uint64_t w = (std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32; w < count; w += warps) {
+    const std::uint32_t v = list[w];
+    std::uint64_t b, e;
+    g.warp_row(v, b, e, seen);
+    const std::uint64_t pages = f(v, b, e);
+    if (lane_of_thread() == 0) seen += pages;
+  }
+  g.count(seen);
+}
+
+// ---- BFS --------------------------------------------------------------------
+
+template <class V>
+__global__ void bfs_expand(V g, const std::uint32_t* frontier, std::uint64_t count, std::uint32_t* parent,
+                           std::uint32_t* level, std::uint32_t next) {
+  warp_per_listed_node(g, frontier, count, [&](std::uint32_t v, std::uint64_t b, std::uint64_t e) {
+    return g.edg.warp_range(b, e, [&](std::uint32_t u) {
+      if (level[u] == unreached && atomicCAS(&level[u], unreached, next) == unreached) parent[u] = v;
+    });
+  });
+}
+
+__global__ inline void bfs_start(std::uint32_t* parent, std::uint32_t* level, std::uint32_t* frontier,
+                                 std::uint32_t root) {
+  parent[root] = root;
+  level[root] = 0;
+  frontier[0] = root;
+}
+
+struct at_level {
+  const std::uint32_t* level;
+  std::uint32_t want;
+  BAM_DEVICE bool operator()(std::uint32_t v) const { return level[v] == want; }
+};
+
+struct not_in_component {
+  const std::uint32_t* comp;
+  std::uint32_t giant;
+  BAM_DEVICE bool operator()(std::uint32_t v) const { return comp[v] != giant; }
+};
+
+//! GPU memory the algorithms work in, for a graph of `nodes` nodes,
+//! allocated once for every run of a path.
+struct work_buffers {
+  std::uint64_t nodes = 0;
+  device_buffer<std::uint32_t> a, b, list; //!< BFS: parent, level, frontier; CC: labels, -, list
+  device_buffer<float> r0, r1, contrib;    //!< PageRank
+  device_buffer<double> sums;              //!< PageRank: dangling mass, change
+  device_buffer<unsigned long long> visits;
+  device_buffer<std::uint64_t> selected;
+  pinned_buffer<std::uint64_t> host_word;
+  device_buffer<unsigned char> temp; //!< CUB's
+  std::size_t temp_bytes = 0;
+
+  work_buffers(std::uint64_t n, bool pagerank)
+      : nodes(n), a(n), b(n), list(n), sums(2), visits(1), selected(1), host_word(1) {
+    if (pagerank) {
+      r0 = device_buffer<float>(n);
+      r1 = device_buffer<float>(n);
+      contrib = device_buffer<float>(n);
+    }
+    BAM_CUDA_TRY(cub::DeviceSelect::If(nullptr, temp_bytes, thrust::counting_iterator<std::uint32_t>(0), list.get(),
+                                       selected.get(), n, at_level{a.get(), 0}));
+    temp = device_buffer<unsigned char>(temp_bytes);
+  }
+  //! GPU memory these take for a graph of `n` nodes (roughly: CUB's temporary storage aside).
+  static std::uint64_t bytes_for(std::uint64_t n, bool pagerank) { return n * (12 + (pagerank ? 12 : 0)) + (64 << 20); }
+
+  //! The nodes v with pred(v) into `list`; returns how many.
+  template <class Pred>
+  std::uint64_t select(Pred pred, cudaStream_t s) {
+    BAM_CUDA_TRY(cub::DeviceSelect::If(temp.get(), temp_bytes, thrust::counting_iterator<std::uint32_t>(0), list.get(),
+                                       selected.get(), nodes, pred, s));
+    return read_word(selected.get(), s);
+  }
+  std::uint64_t read_word(const std::uint64_t* p, cudaStream_t s) {
+    BAM_CUDA_TRY(cudaMemcpyAsync(host_word.get(), p, 8, cudaMemcpyDeviceToHost, s));
+    BAM_CUDA_TRY(cudaStreamSynchronize(s));
+    return *host_word.get();
+  }
+  std::uint64_t page_visits(cudaStream_t s) {
+    return read_word(reinterpret_cast<const std::uint64_t*>(visits.get()), s);
+  }
+};
+
+struct bfs_figures {
+  std::uint32_t levels = 0;
+};
+
+//! BFS from `root`: parents into w.a (root's is root, unreached: unreached).
+template <class V>
+bfs_figures bfs_gpu(V g, std::uint32_t root, work_buffers& w, cudaStream_t s) {
+  g.visits = w.visits.get();
+  BAM_CUDA_TRY(cudaMemsetAsync(w.a.get(), 0xff, w.a.bytes(), s));
+  BAM_CUDA_TRY(cudaMemsetAsync(w.b.get(), 0xff, w.b.bytes(), s));
+  bfs_start<<<1, 1, 0, s>>>(w.a.get(), w.b.get(), w.list.get(), root);
+  bfs_figures f;
+  for (std::uint64_t count = 1; count != 0; ++f.levels) {
+    bfs_expand<<<grid_for_warps(count), gnn::block_threads, 0, s>>>(g, w.list.get(), count, w.a.get(), w.b.get(),
+                                                                    f.levels + 1);
+    BAM_CUDA_TRY(cudaGetLastError());
+    count = w.select(at_level{w.b.get(), f.levels + 1}, s);
+  }
+  return f;
+}
+
+// ---- connected components (Afforest) -----------------------------------------
+
+BAM_DEVICE inline std::uint32_t load_label(const std::uint32_t* p) {
+  return *static_cast<const volatile std::uint32_t*>(p);
+}
+
+//! Joins the trees of u and v, the larger root under the smaller.
+BAM_DEVICE inline void link(std::uint32_t u, std::uint32_t v, std::uint32_t* comp) {
+  std::uint32_t p1 = load_label(comp + u), p2 = load_label(comp + v);
+  while (p1 != p2) {
+    const std::uint32_t high = p1 > p2 ? p1 : p2, low = p1 > p2 ? p2 : p1;
+    const std::uint32_t p_high = load_label(comp + high);
+    if (p_high == low) break;
+    if (p_high == high && atomicCAS(comp + high, high, low) == high) break;
+    p1 = load_label(comp + load_label(comp + high));
+    p2 = load_label(comp + low);
+  }
+}
+
+__global__ inline void cc_init(std::uint32_t* comp, std::uint64_t n) {
+  for (std::uint64_t v = std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; v < n;
+       v += std::uint64_t{gridDim.x} * blockDim.x)
+    comp[v] = static_cast<std::uint32_t>(v);
+}
+
+__global__ inline void cc_compress(std::uint32_t* comp, std::uint64_t n) {
+  for (std::uint64_t v = std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; v < n;
+       v += std::uint64_t{gridDim.x} * blockDim.x)
+    while (load_label(comp + comp[v]) != comp[v])
+      comp[v] = load_label(comp + comp[v]);
+}
+
+//! Each node hooked to its neighbour number `r` (a thread per node).
+template <class V>
+__global__ void cc_sample_round(V g, std::uint32_t* comp, unsigned r) {
+  std::uint64_t seen = 0;
+  for (std::uint64_t v = std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; v < g.nodes;
+       v += std::uint64_t{gridDim.x} * blockDim.x) {
+    std::uint64_t b, e;
+    g.row(v, b, e, seen);
+    if (b + r < e) {
+      link(static_cast<std::uint32_t>(v), g.edg.get(b + r), comp);
+      if constexpr (decltype(g.edg)::through_cache) ++seen;
+    }
+  }
+  g.count(seen);
+}
+
+//! The rest of the neighbours of each listed node (a warp per node).
+template <class V>
+__global__ void cc_link_rest(V g, const std::uint32_t* list, std::uint64_t count, std::uint32_t* comp) {
+  warp_per_listed_node(g, list, count, [&](std::uint32_t v, std::uint64_t b, std::uint64_t e) {
+    b = e - b < afforest_rounds ? e : b + afforest_rounds;
+    return g.edg.warp_range(b, e, [&](std::uint32_t u) { link(v, u, comp); });
+  });
+}
+
+__global__ inline void gather_labels(const std::uint32_t* comp, const std::uint32_t* ids, std::uint32_t* out,
+                                     unsigned k) {
+  for (unsigned i = threadIdx.x; i < k; i += blockDim.x)
+    out[i] = comp[ids[i]];
+}
+
+//! The most frequent label among 1024 nodes drawn from `nodes` (as cc_cpu draws them).
+inline std::uint32_t sampled_giant(const std::uint32_t* comp, std::uint64_t nodes, work_buffers& w, cudaStream_t s) {
+  constexpr unsigned k = 1024;
+  std::mt19937_64 rng(nodes);
+  std::vector<std::uint32_t> ids(k), labels(k);
+  for (auto& id : ids)
+    id = static_cast<std::uint32_t>(rng() % nodes);
+  // The ids and labels travel through w.b (unused by CC).
+  copy_to_device(w.b.get(), ids.data(), k, s);
+  gather_labels<<<1, 256, 0, s>>>(comp, w.b.get(), w.b.get() + k, k);
+  copy_to_host(labels.data(), w.b.get() + k, k, s);
+  std::sort(labels.begin(), labels.end());
+  std::uint32_t giant = labels[0];
+  std::size_t best = 0;
+  for (std::size_t i = 0, j; i < k; i = j) {
+    for (j = i; j < k && labels[j] == labels[i]; ++j) {
+    }
+    if (j - i > best) best = j - i, giant = labels[i];
+  }
+  return giant;
+}
+
+//! Afforest: labels into w.a (each the smallest node id of its component).
+template <class V>
+void cc_gpu(V g, work_buffers& w, cudaStream_t s) {
+  g.visits = w.visits.get();
+  const unsigned grid = gnn::grid_for(g.nodes);
+  std::uint32_t* comp = w.a.get();
+  cc_init<<<grid, gnn::block_threads, 0, s>>>(comp, g.nodes);
+  for (unsigned r = 0; r < afforest_rounds; ++r) {
+    cc_sample_round<<<grid, gnn::block_threads, 0, s>>>(g, comp, r);
+    cc_compress<<<grid, gnn::block_threads, 0, s>>>(comp, g.nodes);
+  }
+  BAM_CUDA_TRY(cudaGetLastError());
+  if (g.nodes > 2 * 1024) { // a w.b of 2048 entries for the sample
+    const std::uint32_t giant = sampled_giant(comp, g.nodes, w, s);
+    const std::uint64_t rest = w.select(not_in_component{comp, giant}, s);
+    if (rest != 0) cc_link_rest<<<grid_for_warps(rest), gnn::block_threads, 0, s>>>(g, w.list.get(), rest, comp);
+  } else {
+    const std::uint64_t rest = w.select(not_in_component{comp, unreached}, s); // every node
+    cc_link_rest<<<grid_for_warps(rest), gnn::block_threads, 0, s>>>(g, w.list.get(), rest, comp);
+  }
+  cc_compress<<<grid, gnn::block_threads, 0, s>>>(comp, g.nodes);
+  BAM_CUDA_TRY(cudaGetLastError());
+}
+
+// ---- PageRank ---------------------------------------------------------------
+
+//! rank / degree of each node; the dangling nodes' rank summed into *dangling.
+template <class V>
+__global__ void pagerank_contrib(V g, const float* rank, float* contrib, double* dangling) {
+  using reduce = cub::BlockReduce<double, gnn::block_threads>;
+  __shared__ typename reduce::TempStorage tmp;
+  std::uint64_t seen = 0;
+  double mine = 0;
+  // Every thread of the block runs the same number of iterations (the block reduction needs them all).
+  const std::uint64_t stride = std::uint64_t{gridDim.x} * blockDim.x;
+  for (std::uint64_t base = std::uint64_t{blockIdx.x} * blockDim.x; base < g.nodes; base += stride) {
+    const std::uint64_t v = base + threadIdx.x;
+    if (v < g.nodes) {
+      std::uint64_t b, e;
+      g.row(v, b, e, seen);
+      contrib[v] = e > b ? rank[v] / static_cast<float>(e - b) : 0.0f;
+      if (e == b) mine += rank[v];
+    }
+  }
+  const double total = reduce(tmp).Sum(mine);
+  if (threadIdx.x == 0 && total != 0) atomicAdd(dangling, total);
+  g.count(seen);
+}
+
+//! next[v] = (1 - d) / n + d * (dangling / n + sum of contrib over v's neighbours); |next - rank| summed into *change.
+template <class V>
+__global__ void pagerank_pull(V g, const float* contrib, const float* rank, float* next, double* sums, double damping) {
+  std::uint64_t seen = 0;
+  double change = 0;
+  const double n = static_cast<double>(g.nodes);
+  const double base = (1 - damping) / n + damping * sums[0] / n;
+  const std::uint64_t warps = std::uint64_t{gridDim.x} * blockDim.x / 32;
+  for (std::uint64_t v = (std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32; v < g.nodes; v += warps) {
+    std::uint64_t b, e;
+    g.warp_row(v, b, e, seen);
+    double sum = 0;
+    const std::uint64_t pages = g.edg.warp_range(b, e, [&](std::uint32_t u) { sum += contrib[u]; });
+    for (unsigned o = 16; o != 0; o /= 2)
+      sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane_of_thread() == 0) {
+      seen += pages;
+      const float r = static_cast<float>(base + damping * sum);
+      next[v] = r;
+      change += fabs(static_cast<double>(r) - rank[v]);
+    }
+  }
+  if (lane_of_thread() == 0 && change != 0) atomicAdd(sums + 1, change);
+  g.count(seen);
+}
+
+struct pagerank_figures {
+  unsigned iterations = 0;
+  double last_change = 0;
+};
+
+//! PageRank: ranks into w.r0 (sums to 1).
+template <class V>
+pagerank_figures pagerank_gpu(V g, double damping, unsigned max_iterations, double tolerance, work_buffers& w,
+                              cudaStream_t s) {
+  g.visits = w.visits.get();
+  std::vector<float> init(g.nodes, static_cast<float>(1.0 / static_cast<double>(g.nodes)));
+  copy_to_device(w.r0.get(), init.data(), init.size(), s);
+  float* rank = w.r0.get();
+  float* next = w.r1.get();
+  pagerank_figures f;
+  while (f.iterations < max_iterations) {
+    ++f.iterations;
+    BAM_CUDA_TRY(cudaMemsetAsync(w.sums.get(), 0, 2 * sizeof(double), s));
+    pagerank_contrib<<<gnn::grid_for(g.nodes), gnn::block_threads, 0, s>>>(g, rank, w.contrib.get(), w.sums.get());
+    pagerank_pull<<<grid_for_warps(g.nodes), gnn::block_threads, 0, s>>>(g, w.contrib.get(), rank, next, w.sums.get(),
+                                                                         damping);
+    BAM_CUDA_TRY(cudaGetLastError());
+    std::swap(rank, next);
+    if (tolerance > 0) {
+      double change = 0;
+      copy_to_host(&change, w.sums.get() + 1, 1, s);
+      f.last_change = change;
+      if (change < tolerance) break;
+    }
+  }
+  if (rank != w.r0.get()) BAM_CUDA_TRY(cudaMemcpyAsync(w.r0.get(), rank, w.r0.bytes(), cudaMemcpyDeviceToDevice, s));
+  return f;
+}
+
+} // namespace bam::graph

@@ -1,0 +1,171 @@
+// SPDX-License-Identifier: MIT
+// bam-graph's GPU algorithms on a small R-MAT graph: BFS, connected
+// components and PageRank over the graph through bam's page cache (pinned
+// host RAM served by the GPU engine, a cache smaller than the edges, both
+// ways of reading neighbours, pages of 512 B to 16 KiB, the offsets in GPU
+// memory or through the cache, two controllers striped) and in GPU memory, each checked against
+// the CPU (graph_cpu.hpp).
+#include "graph_kernels.cuh"
+#include "graph_storage.cuh"
+
+#include "graph_cpu.hpp"
+#include "gnn_test_util.hpp"
+
+#include <catch2/catch_test_macros.hpp>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace bam::graph;
+
+struct small_graph {
+  csr_graph g;
+  manifest m;
+  std::uint32_t root = 0; //!< a BFS root with edges (R-MAT leaves many nodes without any)
+  small_graph() {
+    bam::gnn::rmat_options o;
+    o.nodes = 1 << 14;
+    o.avg_degree = 16;
+    o.seed = 7;
+    g = bam::gnn::make_rmat(o);
+    m.nodes = g.nodes();
+    m.edges = g.edges();
+    root = pick_roots(g, 1, 1).at(0);
+  }
+};
+
+const small_graph& graph() {
+  static const small_graph s;
+  return s;
+}
+
+struct results {
+  std::vector<std::uint32_t> parents, labels;
+  std::vector<double> ranks;
+  std::uint64_t visits = 0;
+};
+
+template <class V>
+results run_all(V v, work_buffers& w, cudaStream_t s) {
+  results r;
+  const std::uint64_t n = graph().m.nodes;
+  bfs_gpu(v, graph().root, w, s);
+  r.parents.resize(n);
+  bam::copy_to_host(r.parents.data(), w.a.get(), n, s);
+  cc_gpu(v, w, s);
+  r.labels.resize(n);
+  bam::copy_to_host(r.labels.data(), w.a.get(), n, s);
+  pagerank_gpu(v, 0.85, 20, 0, w, s);
+  std::vector<float> f(n);
+  bam::copy_to_host(f.data(), w.r0.get(), n, s);
+  r.ranks.assign(f.begin(), f.end());
+  r.visits = w.page_visits(s); // pages the three algorithms visited (a running count)
+  return r;
+}
+
+void check_against_cpu(const results& r) {
+  const csr_graph& g = graph().g;
+  const check_result b = validate_bfs(g, graph().root, r.parents);
+  INFO(b.why);
+  CHECK(b.ok);
+  CHECK(b.reached > g.nodes() / 2);
+  const check_result c = same_partition(r.labels, cc_cpu(g));
+  INFO(c.why);
+  CHECK(c.ok);
+  CHECK(r.labels == cc_cpu(g)); // both: the smallest node id of each component
+  CHECK(l1_distance(r.ranks, pagerank_cpu(g, {})) < 1e-4);
+}
+
+//! The algorithms through the cache over `device`.
+void through_cache(const std::string& device, std::uint32_t page_size, bool offsets_in_cache, bool reader) {
+  const small_graph& sg = graph();
+  graph_location l = choose_device(device, sg.m);
+  bam::storage s(l.spec);
+  bam::gnn::cuda_stream stream;
+  prepare_medium(l, s, sg.m, sg.g, page_size);
+  bam::device_buffer<std::uint64_t> d_off(sg.m.nodes + 1);
+  bam::copy_to_device(d_off.get(), reinterpret_cast<const std::uint64_t*>(sg.g.indptr.data()), sg.m.nodes + 1);
+  work_buffers w(sg.m.nodes, true);
+  // A cache of a quarter of the edges (at least one set of 8 pages): pages are evicted and read again.
+  const std::uint64_t cache_bytes = std::max<std::uint64_t>(sg.m.image().edges_bytes() / 4, 8ull * page_size);
+  cached_graph cg(s, l, sg.m, cache_bytes, page_size, offsets_in_cache, stream.s);
+  const unsigned shift = cg.edge_page_shift();
+  results r;
+  auto go = [&](auto edges) {
+    if (offsets_in_cache)
+      r = run_all(graph_view<bam_reader_source<std::uint64_t>, decltype(edges)>{sg.m.nodes,
+                                                                                {cg.offsets->ref(), shift - 1},
+                                                                                edges},
+                  w, stream.s);
+    else
+      r = run_all(graph_view<pointer_source<std::uint64_t>, decltype(edges)>{sg.m.nodes, {d_off.get()}, edges}, w,
+                  stream.s);
+  };
+  if (reader)
+    go(bam_reader_source<std::uint32_t>{cg.edges.ref(), shift});
+  else
+    go(bam_copy_source<std::uint32_t>{cg.edges.ref(), shift});
+  REQUIRE_NOTHROW(cg.check(stream.s));
+  CHECK(r.visits > 0);
+  CHECK(cg.cache.counters(stream.s).misses > sg.m.image().edges_bytes() / page_size); // more than one pass of misses
+  check_against_cpu(r);
+}
+
+} // namespace
+
+TEST_CASE("graph: BFS, CC and PageRank through the cache (copy_to) match the CPU", "[graph][gpu]") {
+  through_cache("emu-gpu:ram=16M", 4096, false, false);
+}
+
+TEST_CASE("graph: the same with a reader, 512-byte pages and the offsets through the cache", "[graph][gpu]") {
+  through_cache("emu-gpu:ram=16M", 512, true, true);
+}
+
+TEST_CASE("graph: the same over two controllers, pages striped, 16 KiB pages", "[graph][gpu]") {
+  through_cache("emu-gpu:ram=16M,ssds=2", 16384, false, false);
+}
+
+TEST_CASE("graph: BFS, CC and PageRank on the graph in GPU memory match the CPU", "[graph][gpu]") {
+  const small_graph& sg = graph();
+  bam::gnn::cuda_stream stream;
+  bam::device_buffer<std::uint64_t> d_off(sg.m.nodes + 1);
+  bam::device_buffer<std::uint32_t> d_edges(sg.m.edges);
+  bam::copy_to_device(d_off.get(), reinterpret_cast<const std::uint64_t*>(sg.g.indptr.data()), sg.m.nodes + 1);
+  bam::copy_to_device(d_edges.get(), reinterpret_cast<const std::uint32_t*>(sg.g.indices.data()), sg.m.edges);
+  work_buffers w(sg.m.nodes, true);
+  using plain = graph_view<pointer_source<std::uint64_t>, pointer_source<std::uint32_t>>;
+  const results r = run_all(plain{sg.m.nodes, {d_off.get()}, {d_edges.get()}}, w, stream.s);
+  CHECK(r.visits == 0);
+  check_against_cpu(r);
+}
+
+TEST_CASE("bam-graph bfs, cc and pagerank on a GPU: each run checked, the report written as JSON", "[graph][gpu]") {
+  bam_gnn_test::temp_dir t;
+  auto r = bam_gnn_test::bam_gnn("-q make " + (t / "g") + " --scale 12 --degree 8");
+  INFO(r.out);
+  REQUIRE(r.status == 0);
+  for (const std::string algo : {"bfs", "cc", "pagerank"}) {
+    const std::string out = t / (algo + ".json");
+    r = bam_gnn_test::bam_gnn(algo + " " + (t / "g") + " --cache-mib 1 --runs 2 --json " + out);
+    INFO(algo << ": " << r.out);
+    REQUIRE(r.status == 0);
+    std::ifstream f(out);
+    const nlohmann::json j = nlohmann::json::parse(f);
+    CHECK(j.at("benchmark").get<std::string>() == "bam-graph " + algo);
+    CHECK(j.at("all_checks_passed").get<bool>());
+    CHECK(j.at("gpu").get<std::string>().size() > 0);
+    REQUIRE(j.at("paths").size() >= 2);
+    CHECK(j.at("paths").at(0).at("path").get<std::string>() == "bam");
+    for (const auto& p : j.at("paths")) {
+      if (!p.at("ran").get<bool>()) continue;
+      INFO(p.at("path").get<std::string>());
+      CHECK(p.at("checked_runs").get<std::size_t>() == p.at("seconds").size());
+      CHECK(p.at("failed_runs").get<unsigned>() == 0);
+    }
+  }
+}
