@@ -403,8 +403,7 @@ bam::dataset_options dataset_opts(const transfer_args& a, bam::tools::progress_b
   o.resume = !a.restart;
   o.state_path = a.state;
   o.cancel = &interrupted;
-  if (bar != nullptr)
-    o.progress = [bar](const bam::transfer_progress& p) { bar->update(p.bytes_done, p.bytes_total, p.seconds); };
+  if (bar != nullptr) o.progress = bar->follow();
   return o;
 }
 

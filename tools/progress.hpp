@@ -37,6 +37,11 @@ public:
                  static_cast<int>(left) % 60);
     std::fflush(stderr);
   }
+  //! A transfer's progress callback that redraws this bar (e.g. for
+  //! `bam::dataset_options::progress`); the bar must outlive the transfer.
+  auto follow() {
+    return [this](const auto& p) { update(p.bytes_done, p.bytes_total, p.seconds); };
+  }
   //! End the line (once).
   void finish() {
     if (drawn_) std::fputc('\n', stderr);

@@ -104,13 +104,12 @@ bam::gnn::manifest load_features(const fs::path& dir, const std::string& device,
                                  std::uint32_t nsid, const common& co) {
   bam::gnn::manifest m = bam::gnn::read_manifest(dir);
   auto ctrl = open_one(device);
-  bam::dataset_options o;
-  o.offset = offset;
-  o.nsid = nsid;
-  o.cancel = &interrupted;
-  o.state_path = (dir / "features.bam-load").string();
   bam::tools::progress_bar bar("features -> " + device, !co.quiet && !co.json);
-  o.progress = [&](const bam::transfer_progress& p) { bar.update(p.bytes_done, p.bytes_total, p.seconds); };
+  bam::dataset_options o{.nsid = nsid,
+                         .offset = offset,
+                         .state_path = (dir / "features.bam-load").string(),
+                         .progress = bar.follow(),
+                         .cancel = &interrupted};
   const std::string file = bam::gnn::features_path(dir, m);
   bam::dataset_result r;
   if (!file.empty() && m.features.file_offset == 0) {

@@ -183,13 +183,12 @@ int main(int argc, char** argv) {
       bam::graph::manifest m = bam::graph::read_manifest(d);
       const bam::gnn::csr_graph g = bam::graph::read_graph(d, m);
       auto ctrl = one_controller(device);
-      bam::dataset_options o;
-      o.offset = offset;
-      o.nsid = nsid;
-      o.cancel = &interrupted;
-      o.state_path = (d / "image.bam-load").string();
       bam::tools::progress_bar bar("graph -> " + device, !quiet && !json_out);
-      o.progress = [&](const bam::transfer_progress& p) { bar.update(p.bytes_done, p.bytes_total, p.seconds); };
+      const bam::dataset_options o{.nsid = nsid,
+                                   .offset = offset,
+                                   .state_path = (d / "image.bam-load").string(),
+                                   .progress = bar.follow(),
+                                   .cancel = &interrupted};
       const bam::dataset_result r = bam::load_dataset(*ctrl, bam::graph::image_source(g), o);
       bar.finish();
       m.device = bam::graph::device_placement{device, nsid, offset, ctrl->ns(nsid).lba_size, r.checksum};
