@@ -22,6 +22,7 @@
 #include <bam/cuda.cuh>
 #include <bam/host.hpp>
 #include <bam/runtime/array.cuh>
+#include <bam/runtime/file_array.cuh>
 #include <bam/runtime/hot_set.cuh>
 #include <bam/runtime/page_cache.cuh>
 #include <bam/runtime/queue_set.cuh>

@@ -247,6 +247,27 @@ std::vector<unsigned char> read_through(const bam::file_set_ref& r, std::uint64_
   return out;
 }
 
+//! Bytes [begin, begin + n) of the file `f` maps (`begin` a whole block), read through its lookups.
+std::vector<unsigned char> read_range(const bam::extent_map_ref& f, std::uint64_t begin, std::uint64_t n,
+                                      const fs::path& image) {
+  const std::uint64_t lbs = std::uint64_t{1} << f.lba_shift;
+  REQUIRE(begin % lbs == 0);
+  std::vector<unsigned char> out;
+  for (std::uint64_t block = begin / lbs; out.size() < n;) {
+    const bam::extent_map_ref::where w = f.find(block);
+    REQUIRE(w.blocks != 0);
+    const std::uint64_t take = std::min<std::uint64_t>(w.blocks * lbs, n - out.size());
+    if (w.lba == bam::extent_hole) {
+      out.insert(out.end(), take, 0);
+    } else {
+      const auto got = read_at(image, w.lba * lbs, take);
+      out.insert(out.end(), got.begin(), got.end());
+    }
+    block += w.blocks;
+  }
+  return out;
+}
+
 } // namespace
 
 TEST_CASE("a file set: every file below a directory of an image, by index, read through its lookups", "[fs_image]") {
@@ -292,6 +313,25 @@ TEST_CASE("a file set: every file below a directory of an image, by index, read 
     total += it->second.size();
   }
   CHECK(set.total_bytes() == total);
+
+  // Packed end to end, each file from a 4 KiB boundary: the same bytes at its offset, holes between.
+  const bam::file_set::packed p = set.packed_map(4096);
+  REQUIRE(p.offsets.size() == set.size());
+  const bam::extent_map_ref pr = p.map.ref();
+  for (std::uint64_t i = 0; i < set.size(); ++i) {
+    INFO(set.path(i) << " at " << p.offsets[i]);
+    CHECK(p.offsets[i] % 4096 == 0);
+    if (i > 0) CHECK(p.offsets[i] >= p.offsets[i - 1] + set.file_size(i - 1));
+    CHECK(read_range(pr, p.offsets[i], set.file_size(i), image) == read_through(r, i, image));
+    const std::uint64_t end = p.offsets[i] + set.file_size(i);
+    const std::uint64_t lbs = set.lba_size();
+    const std::uint64_t gap_block = (end + lbs - 1) / lbs; // the first whole block after the file
+    if (i + 1 < set.size() && gap_block * lbs < p.offsets[i + 1]) CHECK(pr.find(gap_block).lba == bam::extent_hole);
+  }
+  CHECK(p.map.file_size() == p.offsets.back() + set.file_size(set.size() - 1));
+  CHECK(p.map.lba_size() == set.lba_size());
+  CHECK_THROWS_WITH(set.packed_map(1000), ContainsSubstring("not a power of two"));
+  CHECK_THROWS_WITH(set.packed_map(set.lba_size() / 2), ContainsSubstring("multiple of"));
   CHECK(set.runs() >= set.size() - 4); // one run or more per non-empty file
   CHECK(set.table_bytes() == (set.firsts().size() + set.starts().size() + set.lbas().size() + set.sizes().size()) * 8);
 

@@ -89,3 +89,37 @@ const test_fs_image& ext4_test_image(std::uint32_t lba_size) {
   img->sparse_map = fsi.map("/sparse.bin", holes);
   return *img;
 }
+
+const test_file_set_image& ext4_file_set_image(std::uint32_t lba_size) {
+  static scratch s;
+  static std::map<std::uint32_t, std::unique_ptr<test_file_set_image>> made;
+  auto& img = made[lba_size];
+  if (img) return *img;
+  img = std::make_unique<test_file_set_image>();
+  img->path = (s.dir / ("set-" + std::to_string(lba_size) + ".img")).string();
+  const fs::path dir = s.dir / ("set-src-" + std::to_string(lba_size));
+  fs::create_directories(dir / "set" / "sub");
+  std::vector<std::size_t> sizes{0, 1, 100, 511, 512, 1023, 1024, 1025, 4095, 4096, 4097, 8195, 20000, 65536, 102407};
+  std::mt19937_64 rng(77);
+  for (int i = 0; i < 40; ++i)
+    sizes.push_back(i % 9 == 0 ? 0 : rng() % (12 * 1024));
+  std::map<std::string, std::vector<unsigned char>> by_path;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const std::string rel = (i % 3 == 0 ? "set/sub/f" : "set/f") + std::to_string(i);
+    std::vector<unsigned char> b(sizes[i]);
+    for (auto& c : b)
+      c = static_cast<unsigned char>(rng() | 1); // never zero: a zeroed page cannot pass for data
+    std::ofstream f(dir / rel, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+    REQUIRE(f.good());
+    by_path["/" + rel] = std::move(b);
+  }
+  run("truncate -s 4M " + img->path);
+  run("mkfs.ext4 -q -F -b 1024 -N 128 -O ^has_journal -d " + dir.string() + " " + img->path);
+  const bam::fs_image fsi(img->path, 0, lba_size);
+  img->set = fsi.map_files("/set");
+  REQUIRE(img->set.size() == sizes.size());
+  for (std::uint64_t i = 0; i < img->set.size(); ++i)
+    img->bytes.push_back(by_path.at(img->set.path(i)));
+  return *img;
+}

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <bam/file/extent_map.hpp>
+#include <bam/file/file_set.hpp>
 
 #include <cstdint>
 #include <string>
@@ -21,3 +22,14 @@ struct test_fs_image {
 
 //! The image (made once per process), its files mapped in blocks of `lba_size` bytes.
 const test_fs_image& ext4_test_image(std::uint32_t lba_size);
+
+//! An ext4 image of many files of assorted sizes (empty, under a block, a
+//! block, just over a page, ~100 KiB) below /set, as a file set.
+struct test_file_set_image {
+  std::string path;
+  bam::file_set set;                             //!< the files of /set, by index
+  std::vector<std::vector<unsigned char>> bytes; //!< file i's bytes, as written
+};
+
+//! The image (made once per process and block size), its files mapped in blocks of `lba_size` bytes.
+const test_file_set_image& ext4_file_set_image(std::uint32_t lba_size);

@@ -17,6 +17,8 @@
 #include <algorithm>
 #include <fstream>
 #include <iterator>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -37,13 +39,15 @@ __global__ void copy_ranges(bam::array_ref<std::uint32_t> a, std::uint32_t* out,
   a.copy_to(begin, n, out + begin);
 }
 
+__global__ void read_one_file(bam::file_array_ref f, std::uint64_t i, std::uint8_t* out) { f.read_file(i, out); }
+
 __global__ void write_one(bam::array_ref<std::uint32_t> a) {
   if (threadIdx.x == 0) a.write(0, 7);
 }
 
 //! The image's bytes onto controller 0 of `st`.
-void load(const test_fs_image& img, const bam::storage& st) {
-  std::ifstream f(img.path, std::ios::binary);
+void load(const std::string& image, const bam::storage& st) {
+  std::ifstream f(image, std::ios::binary);
   const std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   REQUIRE(bytes.size() <= st.blocks_per_controller() * st.lba_size());
   bam::emu::write_media(st, 0, 0, bytes.data(), bytes.size());
@@ -85,7 +89,7 @@ TEST_CASE("arrays over the files of an ext4 image: GPU threads read them through
   CAPTURE(page, warp_copies);
   bam::storage st("emu-gpu:ram=8M");
   const test_fs_image& img = ext4_test_image(st.lba_size());
-  load(img, st);
+  load(img.path, st);
   bam::page_cache cache({.page_size = page, .capacity = 64 * page}); // smaller than the files: pages get evicted
 
   {
@@ -108,7 +112,7 @@ TEST_CASE("arrays over the files of an ext4 image: GPU threads read them through
 TEST_CASE("an array over a file is read-only, and a map that does not fit the storage is refused", "[gpu][files]") {
   bam::storage st("emu-gpu:ram=8M");
   const test_fs_image& img = ext4_test_image(st.lba_size());
-  load(img, st);
+  load(img.path, st);
   bam::page_cache cache({.page_size = 4096, .capacity = 1 << 20});
   const bam::extent_map& m = img.contiguous_map;
   {
@@ -142,4 +146,64 @@ TEST_CASE("an array over a file is read-only, and a map that does not fit the st
   } catch (const bam::error& e) {
     CHECK_THAT(std::string(e.what()), ContainsSubstring("one disk"));
   }
+}
+
+TEST_CASE("a file array: the many files of an ext4 image read whole by GPU warps, by index", "[gpu][files]") {
+  const std::uint32_t page = GENERATE(4096u, 16384u);
+  CAPTURE(page);
+  bam::storage st("emu-gpu:ram=8M");
+  const test_file_set_image& img = ext4_file_set_image(st.lba_size());
+  load(img.path, st);
+  bam::page_cache cache({.page_size = page, .capacity = 16 * page}); // smaller than the set: pages get evicted
+  bam::file_array files(cache, st, img.set);
+  REQUIRE(files.files() == img.bytes.size());
+  for (std::uint64_t i = 0; i < files.files(); ++i)
+    CHECK(files.size(i) == img.bytes[i].size());
+
+  // A batch of every file in a shuffled order, two of them twice.
+  std::vector<std::uint64_t> ids(files.files());
+  std::iota(ids.begin(), ids.end(), std::uint64_t{0});
+  std::shuffle(ids.begin(), ids.end(), std::mt19937_64(5));
+  ids.push_back(ids[3]);
+  ids.push_back(ids[7]);
+  std::vector<std::uint64_t> offsets;
+  const std::uint64_t total = files.packed_offsets(ids, offsets);
+  bam::device_buffer<std::uint64_t> d_ids(ids.size()), d_offsets(ids.size());
+  bam::device_buffer<std::uint8_t> d_out(total);
+  bam::copy_to_device(d_ids.get(), ids.data(), ids.size());
+  bam::copy_to_device(d_offsets.get(), offsets.data(), offsets.size());
+  REQUIRE(cudaMemset(d_out.get(), 0, total) == cudaSuccess);
+  files.gather_files(d_ids.get(), ids.size(), d_out.get(), d_offsets.get());
+  files.check();
+  std::vector<std::uint8_t> out(total);
+  bam::copy_to_host(out.data(), d_out.get(), total);
+  std::uint64_t wrong = 0;
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    const auto& want = img.bytes[ids[k]];
+    if (!std::equal(want.begin(), want.end(), out.begin() + static_cast<std::ptrdiff_t>(offsets[k]))) {
+      UNSCOPED_INFO("file " << ids[k] << " (" << img.set.path(ids[k]) << ", " << want.size() << " bytes) differs");
+      ++wrong;
+    }
+  }
+  CHECK(wrong == 0);
+
+  // One warp of a user's kernel reads the largest file.
+  const auto largest =
+      static_cast<std::uint64_t>(std::max_element(img.bytes.begin(), img.bytes.end(),
+                                                  [](const auto& a, const auto& b) { return a.size() < b.size(); }) -
+                                 img.bytes.begin());
+  bam::device_buffer<std::uint8_t> one(files.size(largest));
+  read_one_file<<<1, 32>>>(files.ref(), largest, one.get());
+  REQUIRE(cudaGetLastError() == cudaSuccess);
+  files.check();
+  std::vector<std::uint8_t> got(files.size(largest));
+  bam::copy_to_host(got.data(), one.get(), got.size());
+  CHECK(std::vector<unsigned char>(got.begin(), got.end()) == img.bytes[largest]);
+
+  // A bad id: refused on the host, recorded on the GPU and reported by check().
+  CHECK_THROWS_AS(files.packed_offsets({files.files()}, offsets), bam::error);
+  const std::uint64_t bad = files.files();
+  bam::copy_to_device(d_ids.get(), &bad, 1);
+  files.gather_files(d_ids.get(), 1, d_out.get(), d_offsets.get());
+  CHECK_THROWS_AS(files.check(), bam::error);
 }

@@ -122,6 +122,53 @@ public:
     return r;
   }
 
+  //! Every file of the set laid end to end as one file, each starting at a
+  //! multiple of `align` bytes (e.g. a page cache's page size: no page holds
+  //! two files), with holes between: the map of that file, and the byte
+  //! offset of each file in it. An array over `map` reads file i's bytes at
+  //! [offsets[i], offsets[i] + file_size(i)) (`bam::file_array` does).
+  struct packed {
+    extent_map map;
+    std::vector<std::uint64_t> offsets; //!< files entries
+  };
+  //! @throw bam::error (EINVAL) if `align` is not a power of two multiple of the block size.
+  packed packed_map(std::uint64_t align) const {
+    const std::uint64_t lbs = lba_size();
+    if (align < lbs || (align & (align - 1)) != 0) {
+      error_context c;
+      c.errnum = EINVAL;
+      throw error("bam::file_set::packed_map: alignment " + std::to_string(align) +
+                      " is not a power of two multiple of the " + std::to_string(lbs) + "-byte block",
+                  c);
+    }
+    packed p;
+    p.offsets.reserve(files_.size());
+    std::vector<raw_extent> raw;
+    raw.reserve(lba_.size());
+    std::uint64_t at = 0; // where the next file starts
+    std::uint64_t end = 0;
+    for (std::uint64_t i = 0; i < files_.size(); ++i) {
+      p.offsets.push_back(at);
+      const std::uint64_t* starts = start_.data() + first_[i] + i;
+      for (std::uint64_t r = first_[i]; r < first_[i + 1]; ++r, ++starts)
+        if (lba_[r] != extent_hole)
+          raw.push_back({at + starts[0] * lbs, lba_[r] * lbs, (starts[1] - starts[0]) * lbs, 0});
+      end = at + size_[i];
+      at = (end + align - 1) & ~(align - 1);
+    }
+    // The set's disk, its LBAs counted from the disk's start (the files' maps already are).
+    block_device_info dev = files_.empty() ? block_device_info{} : files_.front().map.device();
+    dev.partition.clear();
+    dev.partition_start = 0;
+    dev.lba_size = static_cast<std::uint32_t>(lbs);
+    extent_map_options o;
+    o.allow_holes = true; // the gaps between files
+    o.sync = false;
+    p.map = extent_map::from_extents("the " + std::to_string(files_.size()) + " files of a file set", std::move(raw),
+                                     end == 0 ? align : end, dev, o);
+    return p;
+  }
+
   //! Throws bam::error (ESTALE) for the first file whose map no longer
   //! describes it (see `extent_map::check_unchanged`).
   void check_unchanged() const {
