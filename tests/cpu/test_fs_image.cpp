@@ -226,27 +226,6 @@ TEST_CASE("what is not an ext2/3/4 file system is refused", "[fs_image]") {
 
 namespace {
 
-//! File i of `set` read through its `file_set_ref` lookups, as a GPU thread would.
-std::vector<unsigned char> read_through(const bam::file_set_ref& r, std::uint64_t i, const fs::path& image) {
-  const bam::extent_map_ref f = r.file(i);
-  const std::uint64_t lbs = std::uint64_t{1} << r.lba_shift;
-  std::vector<unsigned char> out;
-  for (std::uint64_t block = 0; block * lbs < r.file_size(i);) {
-    const bam::extent_map_ref::where w = f.find(block);
-    REQUIRE(w.blocks != 0);
-    const std::uint64_t n = std::min(w.blocks * lbs, r.file_size(i) - block * lbs);
-    if (w.lba == bam::extent_hole) {
-      out.insert(out.end(), n, 0);
-    } else {
-      const auto got = read_at(image, w.lba * lbs, n);
-      out.insert(out.end(), got.begin(), got.end());
-    }
-    block += w.blocks;
-  }
-  CHECK(f.find(f.blocks()).blocks == 0); // past the end
-  return out;
-}
-
 //! Bytes [begin, begin + n) of the file `f` maps (`begin` a whole block), read through its lookups.
 std::vector<unsigned char> read_range(const bam::extent_map_ref& f, std::uint64_t begin, std::uint64_t n,
                                       const fs::path& image) {
@@ -266,6 +245,13 @@ std::vector<unsigned char> read_range(const bam::extent_map_ref& f, std::uint64_
     block += w.blocks;
   }
   return out;
+}
+
+//! File i of `set` read through its `file_set_ref` lookups, as a GPU thread would.
+std::vector<unsigned char> read_through(const bam::file_set_ref& r, std::uint64_t i, const fs::path& image) {
+  const bam::extent_map_ref f = r.file(i);
+  CHECK(f.find(f.blocks()).blocks == 0); // past the end
+  return read_range(f, 0, r.file_size(i), image);
 }
 
 } // namespace
