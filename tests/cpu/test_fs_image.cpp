@@ -4,6 +4,8 @@
 // bytes: each run read from the image at its offset equals the source file.
 #include <bam/file/fs_image.hpp>
 
+#include "../scratch_dir.hpp"
+
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
@@ -24,19 +26,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-//! A scratch directory, removed at the end.
-struct scratch {
-  fs::path dir;
-  scratch() {
-    std::string t = (fs::temp_directory_path() / "bam-fs-image-XXXXXX").string();
-    REQUIRE(::mkdtemp(t.data()) != nullptr);
-    dir = t;
-    fs::create_directories(dir / "src");
-  }
-  ~scratch() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
+//! A scratch directory of this file's tests.
+struct scratch : bam_test::scratch_dir {
+  scratch() : bam_test::scratch_dir("bam-fs-image") {}
 };
 
 std::vector<unsigned char> random_bytes(std::size_t n, std::uint64_t seed) {

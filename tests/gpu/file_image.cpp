@@ -3,6 +3,8 @@
 
 #include <bam/file/fs_image.hpp>
 
+#include "../scratch_dir.hpp"
+
 #include <catch2/catch_test_macros.hpp>
 
 #include <unistd.h>
@@ -38,19 +40,9 @@ void run(const std::string& cmd) {
   REQUIRE(std::system(("PATH=/usr/sbin:/sbin:$PATH " + cmd + " > /dev/null 2>&1").c_str()) == 0);
 }
 
-//! A scratch directory, removed at exit.
-struct scratch {
-  fs::path dir;
-  scratch() {
-    std::string t = (fs::temp_directory_path() / "bam-gpu-files-XXXXXX").string();
-    REQUIRE(::mkdtemp(t.data()) != nullptr);
-    dir = t;
-    fs::create_directories(dir / "src");
-  }
-  ~scratch() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);
-  }
+//! A scratch directory of this file's tests.
+struct scratch : bam_test::scratch_dir {
+  scratch() : bam_test::scratch_dir("bam-gpu-files") {}
 };
 
 } // namespace
