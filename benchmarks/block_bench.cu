@@ -11,13 +11,16 @@
 //   block_bench --device emu:extents=/data/f.img --file /data/f.img --mode range --compare  # a file: bam vs pread vs
 //   KvikIO
 //   block_bench --device emu-gpu:shm=bench,size=8G,unlink --gpus 1,2 --mode range --cache-mib 256  # 1 GPU, then 2
+//   block_bench --device emu-gpu:shm=bench,size=8G,unlink --gpus 2 --node-cache --mode range --cache-mib 2048
 //
 // Several GPUs (--gpus N, or a list: 1,2 measures one GPU, then two, in one
 // run): one host thread per GPU, each with its own storage over the device
 // string and its own page cache, running the same benchmark at once (every
 // repetition starts on all GPUs together). With shm= media the GPUs share one
 // copy of the data; the JSON has per-GPU figures, their sum, and the scaling
-// against the one-GPU run of the same invocation.
+// against the one-GPU run of the same invocation. With --node-cache the GPUs
+// share one page cache spread over them (--cache-mib on each GPU, one copy
+// of a page for all) instead of a cache each.
 //
 // Modes: raw (GPU threads issue NVMe commands straight through the queues,
 // no cache), element (a[i], 32 lanes on consecutive elements of a page),
@@ -73,6 +76,7 @@ struct options {
   int reps = 3;
   bool compare = false;
   bool host_ceiling = false; //!< with --gpus: the zero-copy host gather on the same GPUs at once
+  bool node_cache = false;   //!< with --gpus: one page cache spread over the GPUs
   bool verify = true;
   bool verify_all = false;
   std::string json;
@@ -91,6 +95,7 @@ struct gpu_group {
   std::vector<double>* times = nullptr; //!< one slot per GPU
   int index = 0;                        //!< this thread's GPU
   int count = 1;
+  bam::page_cache* shared_cache = nullptr; //!< --node-cache: the one cache over the group's GPUs
 
   void sync() const { barrier->arrive_and_wait(); }
   //! The longest of every GPU's `t`.
@@ -290,18 +295,26 @@ run_result run_device(const options& o, const std::string& dev, const gpu_group*
     const std::uint64_t ws = o.working_set_mib
                                  ? std::min<std::uint64_t>(std::uint64_t{o.working_set_mib} << 20, storage_bytes)
                                  : storage_bytes;
-    cache.emplace(bam::page_cache_config{.page_size = o.io_size, .capacity = o.cache_mib << 20});
+    const bool node = g != nullptr && g->shared_cache != nullptr;
+    if (node)
+      cache.emplace(*g->shared_cache);
+    else
+      cache.emplace(bam::page_cache_config{.page_size = o.io_size, .capacity = o.cache_mib << 20});
     bam::array<std::uint32_t> a(*cache, s, ws / 4);
+    // The misses of this GPU's kernels (a node-wide cache counts every GPU's).
+    const auto counted = [&] { return node ? cache->counters(s.device()) : cache->counters(); };
     w.span_units = ws / o.io_size;
     const std::uint64_t warps = threads / 32;
     bam::device_buffer<std::uint32_t> scratch(o.mode == "range" ? warps * (o.io_size / 4) : 1);
     j["cache_bytes"] = cache->slot_count() * o.io_size;
+    j["cache"] = node ? "one cache spread over " + std::to_string(cache->devices().size()) + " GPUs"
+                      : std::string("a cache per GPU");
     j["working_set_bytes"] = ws;
     const bool gather = o.mode == "gather";
     // Pages a launch visits: one per warp and op, or one per lane (gather).
     const std::uint64_t visitors = gather ? threads : warps;
     j["in_flight_max"] = visitors;
-    const auto before = cache->counters();
+    const auto before = counted();
     std::uint64_t launched_pages = 0;
     r = timed(
         o,
@@ -326,7 +339,7 @@ run_result run_device(const options& o, const std::string& dev, const gpu_group*
         },
         ops, g);
     a.check();
-    const auto after = cache->counters();
+    const auto after = counted();
     // Hit rate over every run (calibration included): 1 - pages loaded / pages visited.
     j["hit_rate"] = 1.0 - static_cast<double>(after.misses - before.misses) / static_cast<double>(launched_pages);
     j["writebacks"] = after.writebacks - before.writebacks;
@@ -365,10 +378,18 @@ run_result run_device_on_gpus(const options& o, const std::string& dev, int n) {
   std::vector<run_result> per(static_cast<std::size_t>(n));
   std::exception_ptr failed;
   std::mutex failed_mutex;
+  std::optional<bam::page_cache> node;
+  if (o.node_cache && o.mode != "raw") {
+    std::vector<int> devs(static_cast<std::size_t>(n));
+    for (int k = 0; k < n; ++k)
+      devs[static_cast<std::size_t>(k)] = k;
+    node.emplace(bam::page_cache_config{
+        .page_size = o.io_size, .capacity = (o.cache_mib << 20) * static_cast<std::size_t>(n), .devices = devs});
+  }
   std::vector<std::thread> threads;
   for (int k = 0; k < n; ++k) {
     threads.emplace_back([&, k] {
-      const gpu_group g{&barrier, &times, k, n};
+      const gpu_group g{&barrier, &times, k, n, node ? &*node : nullptr};
       try {
         BAM_CUDA_TRY(cudaSetDevice(k));
         per[static_cast<std::size_t>(k)] = run_device(o, dev, &g);
@@ -539,6 +560,7 @@ void print_row(const nlohmann::json& j) {
                         : "-";
   std::string name = j["device"].get<std::string>();
   if (j.contains("gpus")) name += " x" + std::to_string(j["gpus"].get<int>()) + " GPU";
+  if (j.contains("cache") && j["cache"].get<std::string>().rfind("one cache", 0) == 0) name += " node cache";
   std::printf("%-44s %-7s %-5s %7u %8llu %9.2f %8.2f %5s %8.1f %8.1f %8.1f\n", name.c_str(),
               j["mode"].get<std::string>().c_str(), j["op"].get<std::string>().c_str(), j["io_bytes"].get<unsigned>(),
               static_cast<unsigned long long>(j["threads"].get<std::uint64_t>()), j["ops_per_s"].get<double>() / 1e6,
@@ -583,6 +605,9 @@ int main(int argc, char** argv) {
                  "count; shm= media: one copy of the data for all)")
       ->delimiter(',')
       ->check(CLI::Range(1, 64));
+  app.add_flag("--node-cache", o.node_cache,
+               "with --gpus N (N >= 2): one page cache spread over the N GPUs (--cache-mib on each; one copy of a "
+               "page for all, read over NVLink by the others) instead of a cache per GPU");
   app.add_flag("--host-ceiling", o.host_ceiling,
                "with --gpus: after each GPU count, the zero-copy random gather from pinned host memory on as many GPUs "
                "at once (the ceiling of a medium in host memory), and each run's ratio to it");

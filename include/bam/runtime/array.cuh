@@ -88,7 +88,7 @@ public:
   //! cannot share pages with.
   array(page_cache& cache, const storage& s, std::uint64_t n, std::uint64_t start_lba = 0, cuda::stream_ref stream = {})
       : cache_(cache.state()), storage_(s), n_(n) {
-    const device_scope on(cache.device());
+    const device_scope on(s.device());
     check_element_size(cache);
     if (n == 0) throw error("bam::array: an array needs at least one element");
     const std::uint64_t per_page = cache.page_size() / sizeof(T);
@@ -96,7 +96,8 @@ public:
     err_ = device_buffer<device_error_record>(1);
     binding_ = cache_->attach(s, start_lba, npages_, stream.get());
     attached_ = true;
-    ref_ = array_ref<T>(cache_->ref(), n, binding_.first_page, binding_.space, elem_shift(cache), err_.get());
+    ref_ = array_ref<T>(cache_->ref(cache_->device_index(s.device())), n, binding_.first_page, binding_.space,
+                        elem_shift(cache), err_.get());
   }
 
   //! An array over a file on `s`, read by GPU threads themselves: a miss
@@ -116,7 +117,7 @@ public:
   //! (> 0) of elements.
   array(page_cache& cache, const storage& s, const extent_map& file, cuda::stream_ref stream = {})
       : cache_(cache.state()), storage_(s), n_(file.file_size() / sizeof(T)) {
-    const device_scope on(cache.device());
+    const device_scope on(s.device());
     check_element_size(cache);
     const extent_map_ref host = file.ref();
     if (file.lba_size() != s.lba_size())
@@ -142,7 +143,8 @@ public:
     err_ = device_buffer<device_error_record>(1);
     binding_ = cache_->attach_file(s, map->ref.get(), map, npages_, stream.get());
     attached_ = true;
-    ref_ = array_ref<T>(cache_->ref(), n_, binding_.first_page, binding_.space, elem_shift(cache), err_.get());
+    ref_ = array_ref<T>(cache_->ref(cache_->device_index(s.device())), n_, binding_.first_page, binding_.space,
+                        elem_shift(cache), err_.get());
     source_ =
         s.name() + ": GPU threads read the file's " + std::to_string(host.runs) + " run(s) through its extent map";
   }
@@ -185,7 +187,7 @@ public:
   ~array() {
     if (!attached_) return;
     device_scope on;
-    on.enter_quietly(cache_->device());
+    on.enter_quietly(storage_->device());
     try {
       try {
         check(cuda::stream_ref{});
@@ -216,17 +218,18 @@ public:
   std::uint64_t size() const { return n_; }
   std::uint64_t pages() const { return npages_; }
   const bam::storage& storage() const { return *storage_; }
-  //! The CUDA device of the array's cache: kernels that use ref() run there,
+  //! The CUDA device of the array's storage (and of its cache, or one of
+  //! them for a cache over several GPUs): kernels that use ref() run there,
   //! and the host calls above make it current for their work (any device may
   //! be current when they are called).
-  int device() const { return cache_->device(); }
+  int device() const { return storage_->device(); }
 
   //! Report a failure a kernel recorded since the last check. Waits for
   //! `stream` (the one the kernels ran on) and no other.
   //! @throw bam::error for the first failure recorded (bad index, NVMe error
   //! status, timeout, a failed write-back or `flush_async` of the array's pages).
   void check(cuda::stream_ref stream = {}) {
-    const device_scope on(cache_->device());
+    const device_scope on(storage_->device());
     BAM_CUDA_TRY(cudaStreamSynchronize(stream.get()));
     auto name = [&](std::uint32_t c) { return storage_->controller_name(c); };
     throw_if_recorded(err_.get(), "bam::array access failed", name, stream.get());
@@ -245,7 +248,7 @@ public:
   //! detached either way and the pages stay in the cache until a flush writes them.
   void detach(cuda::stream_ref stream = {}) {
     if (!attached_) return;
-    const device_scope on(cache_->device());
+    const device_scope on(storage_->device());
     attached_ = false;
     cache_->detach(binding_, stream.get());
   }

@@ -31,8 +31,21 @@
 //!  - A cache belongs to one GPU (`page_cache_config::device`, by default
 //!    the one current when it is built): its pages are there, it serves
 //!    storages of that GPU (`storage::device`; another is refused at attach),
-//!    and its host operations make that GPU current themselves. Several GPUs:
-//!    a cache per GPU, each in front of that GPU's storage.
+//!    and its host operations make that GPU current themselves.
+//!  - Several GPUs, one cache (`page_cache_config::devices`): the slots are
+//!    spread over the GPUs' memory, in runs of `spread_run_slots` slots
+//!    placed on the GPUs in turn (262,144 slots: 1 GiB of 4 KiB pages on
+//!    every current GPU), so a cache of fewer runs than GPUs leaves some
+//!    GPUs without slots. A page's set, a hash of its key, decides its slot
+//!    and so its home GPU: the node holds one copy of it, a warp on any GPU
+//!    reads it where it is (over NVLink for another GPU's), and a miss loads
+//!    it into its home slot through the missing GPU's own queues. Each GPU
+//!    attaches arrays over a storage of its own (`storage_options::device`)
+//!    on one medium (`emu-gpu:shm=NAME`, a file, the same SSDs:
+//!    `storage::medium`): arrays of the same medium at the same place share
+//!    their pages whichever GPU attached them. The GPUs need peer access to
+//!    each other's memory (enabled here). In one process; arrays must start
+//!    on a page boundary, and files by extent map are not served.
 //!  - After a timeout the cache's GPU memory outlives the cache: when a
 //!    slot was lost or a queue of a storage it served broke, the memory is
 //!    handed to every such storage still alive (`storage::quarantine`) and
@@ -50,6 +63,7 @@
 #include <bam/cuda.cuh>
 #include <bam/error.hpp>
 #include <bam/detail/device_memory.cuh>
+#include <bam/detail/spread_memory.cuh>
 #include <bam/runtime/detail/page_cache_kernels.cuh>
 #include <bam/runtime/error_record.cuh>
 #include <bam/runtime/page_cache_ref.cuh>
@@ -72,6 +86,10 @@ struct page_cache_config {
   std::uint32_t ways = 8;                                    //!< slots per set
   std::uint64_t timeout_ns = nvme::default_queue_timeout_ns; //!< bound of every wait without progress
   int device = -1;                                           //!< its CUDA device (-1: the one current at construction)
+  //! Two or more CUDA devices: one cache whose pages are spread over all of
+  //! them (`device` is then ignored; the first of them runs the cache's own
+  //! host work). See "Several GPUs, one cache" above.
+  std::vector<int> devices;
 };
 
 //! Misses and write-backs so far.
@@ -89,11 +107,21 @@ struct array_binding {
   std::uint64_t id = 0;
 };
 
+//! Slots per run of a cache spread over several GPUs: the state words of a
+//! run fill the smallest GPU allocation (2 MiB), so a run's state words and
+//! pages are on the same GPU.
+inline std::uint64_t spread_run_slots(std::size_t granularity) { return granularity / sizeof(std::uint64_t); }
+
 class cache_state {
 public:
   explicit cache_state(const page_cache_config& cfg) : cfg_(cfg) {
-    device_ = cfg.device >= 0 ? cfg.device : current_device();
+    devices_ =
+        cfg.devices.size() >= 2 ? cfg.devices : std::vector<int>{cfg.device >= 0 ? cfg.device : current_device()};
+    device_ = devices_[0];
+    caller_ = device_;
     cfg_.device = device_;
+    cfg_.devices = devices_;
+    if (devices_.size() > 1) enable_peer_access(devices_);
     const device_scope on(device_);
     if (cfg.page_size < min_page_size || cfg.page_size > max_page_size || (cfg.page_size & (cfg.page_size - 1)))
       throw error("page_cache: page size must be a power of two in [512, 65536] (got " + std::to_string(cfg.page_size) +
@@ -110,13 +138,34 @@ public:
     while ((std::size_t{1} << p) < cfg.page_size)
       ++p;
     page_shift_ = p;
-    // Aligned and sized for any transport (64 KiB GPU pages for nvidia_p2p).
-    data_ = aligned_device_memory(nslots * cfg.page_size, gpu_page_size);
-    slots_ = device_buffer<std::uint64_t>(nslots);
+    if (devices_.size() == 1) {
+      // Aligned and sized for any transport (64 KiB GPU pages for nvidia_p2p).
+      data_ = aligned_device_memory(nslots * cfg.page_size, gpu_page_size);
+      slots_ = device_buffer<std::uint64_t>(nslots);
+      data_ptr_ = data_.data();
+      data_bytes_ = data_.size();
+      slots_ptr_ = slots_.get();
+    } else {
+      std::size_t gran = gpu_page_size;
+      for (const int d : devices_)
+        gran = std::max(gran, spread_granularity(d));
+      run_slots_ = spread_run_slots(gran);
+      spread_data_ =
+          std::make_shared<spread_device_memory>(nslots * cfg.page_size, run_slots_ * cfg.page_size, devices_);
+      spread_slots_ = std::make_shared<spread_device_memory>(nslots * sizeof(std::uint64_t),
+                                                             run_slots_ * sizeof(std::uint64_t), devices_);
+      data_ptr_ = spread_data_->data();
+      data_bytes_ = spread_data_->size();
+      slots_ptr_ = reinterpret_cast<std::uint64_t*>(spread_slots_->data());
+    }
+    // Touched by misses only: on the first GPU, reached by the others as peers.
     status_ = device_buffer<std::uint16_t>(nslots);
     sets_ = device_buffer<cache_set>(nslots / cfg.ways);
-    spaces_ = device_buffer<space_ref>(max_spaces);
-    counters_ = device_buffer<unsigned long long>(2 * counter_stripes);
+    for (const int d : devices_) {
+      const device_scope here(d);
+      spaces_.emplace_back(max_spaces);
+      counters_.emplace_back(2 * counter_stripes);
+    }
     host_spaces_.resize(max_spaces);
   }
 
@@ -134,8 +183,10 @@ public:
       if (keep || any_slot_lost_or_unknown()) {
         auto q = std::make_shared<quarantined_pages>();
         for (auto& sp : host_spaces_)
-          if (sp.mapping) q->mappings.push_back(sp.mapping);
+          for (auto& m : sp.mapping)
+            if (m) q->mappings.push_back(m);
         q->pages = std::move(data_);
+        q->spread_pages = spread_data_;
         for (const auto& w : served_)
           if (auto st = w.lock()) detail::quarantine(*st, q);
       }
@@ -153,6 +204,7 @@ public:
     if (!any) return;
     try {
       std::lock_guard lock(mutex_);
+      caller_ = device_;
       writeback_locked(~0u, false, nullptr);
       for (std::uint32_t id = 0; id < max_spaces; ++id) {
         if (!host_spaces_[id].used) continue;
@@ -167,24 +219,44 @@ public:
     }
   }
 
-  page_cache_ref ref() const {
-    return page_cache_ref(data_.data(), slots_.get(), status_.get(), sets_.get(), spaces_.get(), counters_.get(),
-                          nslots_, nslots_ / cfg_.ways, cfg_.ways, page_shift_, cfg_.timeout_ns);
+  //! The handle for kernels on the cache's `i`-th device.
+  page_cache_ref ref(std::size_t i = 0) const {
+    return page_cache_ref(data_ptr_, slots_ptr_, status_.get(), sets_.get(), spaces_.at(i).get(), counters_.at(i).get(),
+                          nslots_, nslots_ / cfg_.ways, cfg_.ways, page_shift_, cfg_.timeout_ns, devices_.size() > 1);
   }
   const page_cache_config& config() const { return cfg_; }
   std::uint64_t slot_count() const { return nslots_; }
   int device() const { return device_; }
+  const std::vector<int>& devices() const { return devices_; }
+  //! The index of CUDA device `d` among the cache's devices.
+  std::size_t device_index(int d) const {
+    for (std::size_t i = 0; i < devices_.size(); ++i)
+      if (devices_[i] == d) return i;
+    std::string list;
+    for (const int x : devices_)
+      list += (list.empty() ? "" : ", ") + std::to_string(x);
+    throw error("page_cache: CUDA device " + std::to_string(d) + " is not one of the cache's devices (" + list + ")");
+  }
+  //! The CUDA device that holds slot `slot`'s page.
+  int slot_device(std::uint64_t slot) const {
+    return devices_.size() == 1 ? device_ : devices_[(slot / run_slots_) % devices_.size()];
+  }
 
   //! Attach `npages` pages of an array at `start_lba` (on every controller of `s`).
   array_binding attach(const storage& s, std::uint64_t start_lba, std::uint64_t npages, cudaStream_t stream) {
     const device_scope on(device_);
     std::lock_guard lock(mutex_);
     const std::string where = s.name();
-    if (s.device() != device_)
-      throw error("page_cache: the cache is on CUDA device " + std::to_string(device_) + " and storage " + where +
-                  " on device " + std::to_string(s.device()) +
-                  " (a cache serves storages of its own GPU: build one per GPU, e.g. with "
-                  "page_cache_config::device and storage_options::device)");
+    if (std::find(devices_.begin(), devices_.end(), s.device()) == devices_.end()) {
+      if (devices_.size() == 1)
+        throw error("page_cache: the cache is on CUDA device " + std::to_string(device_) + " and storage " + where +
+                    " on device " + std::to_string(s.device()) +
+                    " (a cache serves storages of its own GPU: build one per GPU, e.g. with "
+                    "page_cache_config::device and storage_options::device, or one over several GPUs with "
+                    "page_cache_config::devices)");
+      (void)device_index(s.device()); // throws, naming the cache's devices
+    }
+    const std::size_t dev = device_index(s.device());
     if (cfg_.page_size % s.lba_size() != 0)
       throw error("page_cache: page size " + std::to_string(cfg_.page_size) + " is not a multiple of the LBA size " +
                   std::to_string(s.lba_size()) + " of " + where);
@@ -209,6 +281,9 @@ public:
                   c);
     }
     const bool aligned = start_lba % bpp == 0;
+    if (!aligned && devices_.size() > 1)
+      throw error("page_cache: on a cache over several GPUs an array starts on a page boundary (LBA " +
+                  std::to_string(start_lba) + " is not a multiple of " + std::to_string(bpp) + " blocks)");
     const std::uint64_t lo = start_lba, hi = start_lba + per_ctrl_pages * bpp;
     for (const auto& e : extents_) {
       if (e.storage != s.state().get() || e.hi <= lo || hi <= e.lo) continue;
@@ -227,14 +302,17 @@ public:
     std::uint32_t id = max_spaces;
     if (aligned) {
       for (std::uint32_t i = 0; i < max_spaces; ++i)
-        if (host_spaces_[i].used && host_spaces_[i].shared && host_spaces_[i].storage->state() == s.state()) id = i;
+        if (host_spaces_[i].used && host_spaces_[i].shared && same_medium(host_spaces_[i], s)) id = i;
       const std::uint64_t space_pages = blocks / bpp * nctrl;
       if (space_pages > key_page_mask)
         throw error("page_cache: " + where + " holds " + std::to_string(space_pages) + " pages of " +
                     std::to_string(cfg_.page_size) +
                     " bytes; a cache addresses at most 2^34 pages per storage: "
                     "use larger pages");
-      if (id == max_spaces) id = new_space(s, true, 0, space_pages, bpp, stream);
+      if (id == max_spaces)
+        id = new_space(s, true, 0, space_pages, bpp, stream);
+      else if (!host_spaces_[id].storage[dev])
+        add_storage(id, s, stream);    // the first array of this medium on this GPU
       host_spaces_[id].zombie = false; // an array over its pages again: they get written back as usual
       b.first_page = start_lba / bpp * nctrl;
     } else {
@@ -256,6 +334,9 @@ public:
                             std::uint64_t npages, cudaStream_t stream) {
     std::lock_guard lock(mutex_);
     const std::string where = s.name();
+    if (devices_.size() > 1)
+      throw error("page_cache: arrays over a file's extent map are not served by a cache over several GPUs");
+    (void)device_index(s.device());
     if (s.controller_count() != 1)
       throw error("page_cache: a file lies on one disk; " + where + " has " + std::to_string(s.controller_count()) +
                   " controllers");
@@ -279,8 +360,10 @@ public:
   //! user. If the write-back fails, the pages stay (the space lives on, its
   //! storage kept alive) and the error is thrown; `flush` tries again.
   void detach(const array_binding& b, cudaStream_t stream) {
+    const int caller = caller_device(stream);
     const device_scope on(device_);
     std::lock_guard lock(mutex_);
+    caller_ = caller;
     auto forget = [&] { std::erase_if(extents_, [&](const extent& e) { return e.id == b.id; }); };
     space_host& sp = host_spaces_[b.space];
     if (!sp.used || sp.users == 0 || --sp.users != 0) {
@@ -307,16 +390,19 @@ public:
   //! storage in use. Throws the first failure (also one recorded by an
   //! earlier `flush_async`).
   void flush(cudaStream_t stream) {
+    const int caller = caller_device(stream);
     const device_scope on(device_);
     std::lock_guard lock(mutex_);
+    caller_ = caller;
     writeback_locked(~0u, false, stream);
     const std::vector<storage> storages = storages_in_use();
     std::vector<device_buffer<device_error_record>> errs;
     for (const auto& s : storages) {
       errs.emplace_back(1);
-      launch_nvme_flush(s, errs.back().get(), stream);
+      on_device(device_index(s.device()), stream,
+                [&](std::size_t, cudaStream_t st) { launch_nvme_flush(s, errs.back().get(), st); });
     }
-    BAM_CUDA_TRY(cudaStreamSynchronize(stream));
+    sync_caller(stream);
     std::optional<error> first;
     for (std::uint32_t id = 0; id < max_spaces; ++id) {
       if (!host_spaces_[id].used) continue;
@@ -346,26 +432,41 @@ public:
   //! waiting for them. A failure is recorded: the next `flush`, `detach` or
   //! `check_space` (`array::check`) of an array on that storage throws it.
   void flush_async(cudaStream_t stream) {
+    const int caller = caller_device(stream);
     const device_scope on(device_);
     std::lock_guard lock(mutex_);
+    caller_ = caller;
     launch_writeback(~0u, false, stream);
     for (const auto& s : storages_in_use()) {
       for (auto& sp : host_spaces_) {
-        if (!sp.used || sp.storage->state() != s.state()) continue;
-        launch_nvme_flush(s, sp.flush_err.get(), stream); // recorded with the storage's first space
+        if (!sp.used || !holds(sp, s)) continue;
+        // recorded with the storage's first space
+        on_device(device_index(s.device()), stream,
+                  [&](std::size_t, cudaStream_t st) { launch_nvme_flush(s, sp.flush_err.get(), st); });
         break;
       }
     }
   }
 
-  page_cache_counters counters(cudaStream_t stream) const {
+  //! Misses and write-backs of kernels on device `only` (-1: all the cache's devices).
+  page_cache_counters counters(cudaStream_t stream, int only = -1) const {
+    const int caller = caller_device(stream);
     const device_scope on(device_);
-    unsigned long long c[2 * counter_stripes];
-    copy_to_host(c, counters_.get(), 2 * counter_stripes, stream);
     page_cache_counters out;
-    for (std::uint32_t i = 0; i < counter_stripes; ++i) {
-      out.misses += c[2 * i];
-      out.writebacks += c[2 * i + 1];
+    for (std::size_t d = 0; d < devices_.size(); ++d) {
+      if (only >= 0 && devices_[d] != only) continue;
+      unsigned long long c[2 * counter_stripes];
+      if (devices_[d] == caller) {
+        const device_scope there(caller);
+        copy_to_host(c, counters_[d].get(), 2 * counter_stripes, stream);
+      } else {
+        const device_scope there(devices_[d]);
+        copy_to_host(c, counters_[d].get(), 2 * counter_stripes);
+      }
+      for (std::uint32_t i = 0; i < counter_stripes; ++i) {
+        out.misses += c[2 * i];
+        out.writebacks += c[2 * i + 1];
+      }
     }
     return out;
   }
@@ -379,7 +480,7 @@ public:
 
   //! Name of controller `ctrl` of the storage behind space `id`.
   std::string controller_name(std::uint32_t id, std::uint32_t ctrl) const {
-    return host_spaces_.at(id).storage->controller_name(ctrl);
+    return any_storage(host_spaces_.at(id)).controller_name(ctrl);
   }
 
   static constexpr std::size_t min_page_size = 512;
@@ -392,11 +493,18 @@ private:
     bool shared = false; //!< the page-aligned space of a storage (shared by arrays)
     bool zombie = false; //!< no array left, dirty pages not written back yet
     std::uint32_t users = 0;
-    std::optional<bam::storage> storage;
-    std::shared_ptr<storage_mapping> mapping;
+    std::string medium; //!< `storage::medium` of its storages
+    //! By device index: the storage whose queues that GPU's misses use, and
+    //! its mapping of the cache's pages.
+    std::vector<std::optional<bam::storage>> storage;
+    std::vector<std::shared_ptr<storage_mapping>> mapping;
     device_buffer<device_error_record> err;
     device_buffer<device_error_record> flush_err; //!< an NVMe Flush of `flush_async`
     std::shared_ptr<void> file;                   //!< a file space's extent map in device memory
+    const extent_map_ref* file_ref = nullptr;     //!< that map (device memory), or null
+    std::uint64_t base_lba = 0;
+    std::uint64_t npages = 0;
+    std::uint32_t bpp = 0;
   };
   struct extent {
     std::uint64_t id;
@@ -413,36 +521,164 @@ private:
       ++id;
     if (id == max_spaces) throw error("page_cache: too many arrays with pages of their own (127)");
     space_host& sp = host_spaces_[id];
-    // One mapping of the cache's pages per storage, shared by its spaces.
-    for (const auto& other : host_spaces_)
-      if (other.used && other.storage->state() == s.state()) sp.mapping = other.mapping;
-    if (!sp.mapping) sp.mapping = std::shared_ptr<storage_mapping>(s.map(data_.data(), data_.size()));
-    sp.storage = s;
-    remember(s);
+    sp.storage.assign(devices_.size(), std::nullopt);
+    sp.mapping.assign(devices_.size(), nullptr);
+    sp.medium = s.medium();
     sp.err = device_buffer<device_error_record>(1);
     sp.flush_err = device_buffer<device_error_record>(1);
     sp.used = true;
     sp.shared = shared;
     sp.zombie = false;
     sp.users = 0;
+    sp.base_lba = base_lba;
+    sp.npages = npages;
+    sp.bpp = bpp;
+    sp.file = nullptr;
+    sp.file_ref = file;
+    add_storage(id, s, stream);
+    return id;
+  }
+
+  //! Serve space `id`'s misses on `s`'s GPU through `s`'s queues.
+  void add_storage(std::uint32_t id, const storage& s, cudaStream_t stream) {
+    space_host& sp = host_spaces_[id];
+    const std::size_t dev = device_index(s.device());
+    if (sp.storage[dev]) return;
+    for (const auto& other : sp.storage)
+      if (other && (other->controller_count() != s.controller_count() || other->lba_size() != s.lba_size() ||
+                    other->blocks_per_controller() != s.blocks_per_controller()))
+        throw error("page_cache: " + s.name() + " and " + other->name() + " are both " + sp.medium +
+                    " but differ in controllers, LBA size or blocks");
+    // One mapping of the cache's pages per storage, shared by its spaces.
+    for (const auto& other : host_spaces_)
+      if (other.used && other.storage.size() > dev && other.storage[dev] && other.storage[dev]->state() == s.state())
+        sp.mapping[dev] = other.mapping[dev];
+    if (!sp.mapping[dev]) sp.mapping[dev] = std::shared_ptr<storage_mapping>(s.map(data_ptr_, data_bytes_));
+    sp.storage[dev] = s;
+    remember(s);
     space_ref r;
     r.ctrls = s.device_refs();
-    r.data_bus = sp.mapping->bus_tables();
+    r.data_bus = sp.mapping[dev]->bus_tables();
     r.err = sp.err.get();
-    r.file = file;
-    r.base_lba = base_lba;
-    r.npages = npages;
+    r.file = sp.file_ref;
+    r.base_lba = sp.base_lba;
+    r.npages = sp.npages;
     r.nctrl = s.controller_count();
-    r.blocks_per_page = bpp;
-    copy_to_device(spaces_.get() + id, &r, 1, stream);
+    r.blocks_per_page = sp.bpp;
+    {
+      const device_scope there(devices_[dev]);
+      copy_to_device(spaces_[dev].get() + id, &r, 1);
+    }
     BAM_CUDA_TRY(cudaStreamSynchronize(stream));
-    return id;
+  }
+
+  //! Do the pages of `sp` come from `s`'s medium (a single-GPU cache: from `s` itself)?
+  bool same_medium(const space_host& sp, const storage& s) const {
+    if (devices_.size() == 1) return sp.storage[0] && sp.storage[0]->state() == s.state();
+    return sp.medium == s.medium();
+  }
+  //! Is `s` one of the storages serving `sp`?
+  static bool holds(const space_host& sp, const storage& s) {
+    for (const auto& x : sp.storage)
+      if (x && x->state() == s.state()) return true;
+    return false;
+  }
+  //! A storage serving `sp` (for names in messages).
+  static const storage& any_storage(const space_host& sp) {
+    for (const auto& x : sp.storage)
+      if (x) return *x;
+    throw error("page_cache: a key space without storage");
+  }
+
+  //! Run `fn(i, st)` for the cache's device `i` on a stream `st` of that
+  //! device, ordered after the work on the caller's `stream` so far, and
+  //! the caller's stream after it (a stream of another device waits through
+  //! events).
+  template <class F>
+  void on_device(std::size_t i, cudaStream_t stream, F&& fn) {
+    const int caller = caller_;
+    if (devices_[i] == caller) {
+      const device_scope here(caller);
+      fn(i, stream);
+      return;
+    }
+    cudaEvent_t before = nullptr, after = nullptr;
+    {
+      const device_scope here(caller);
+      BAM_CUDA_TRY(cudaEventCreateWithFlags(&before, cudaEventDisableTiming));
+      BAM_CUDA_TRY(cudaEventRecord(before, stream));
+    }
+    struct events {
+      cudaEvent_t& a;
+      cudaEvent_t& b;
+      ~events() {
+        if (a != nullptr) BAM_CUDA_LOG(cudaEventDestroy(a));
+        if (b != nullptr) BAM_CUDA_LOG(cudaEventDestroy(b));
+      }
+    } own{before, after};
+    {
+      const device_scope there(devices_[i]);
+      const cudaStream_t side = side_stream();
+      BAM_CUDA_TRY(cudaStreamWaitEvent(side, before, 0));
+      fn(i, side);
+      BAM_CUDA_TRY(cudaEventCreateWithFlags(&after, cudaEventDisableTiming));
+      BAM_CUDA_TRY(cudaEventRecord(after, side));
+    }
+    const device_scope here(caller);
+    BAM_CUDA_TRY(cudaStreamWaitEvent(stream, after, 0));
+  }
+
+  //! The device of the caller's `stream` (the legacy default stream: the
+  //! current device's); the cache's device for a cache on one GPU.
+  int caller_device(cudaStream_t stream) const {
+    if (devices_.size() == 1) return device_;
+#if CUDART_VERSION >= 12080
+    if (stream != nullptr) {
+      int d = 0;
+      BAM_CUDA_TRY(cudaStreamGetDevice(stream, &d));
+      return d;
+    }
+#endif
+    (void)stream;
+    return current_device();
+  }
+  //! Wait for the caller's `stream` (on its device: the legacy default stream is per device).
+  void sync_caller(cudaStream_t stream) const {
+    const device_scope here(caller_);
+    BAM_CUDA_TRY(cudaStreamSynchronize(stream));
+  }
+
+  //! Let each of `devices` reach the others' memory (the sets, statuses and
+  //! error records that live on the first of them).
+  static void enable_peer_access(const std::vector<int>& devices) {
+    // Once per pair and process (a second call is an error for CUDA).
+    static std::mutex m;
+    static std::vector<std::pair<int, int>> done;
+    const std::lock_guard lock(m);
+    for (const int a : devices) {
+      const device_scope on(a);
+      for (const int b : devices) {
+        if (a == b || std::find(done.begin(), done.end(), std::pair{a, b}) != done.end()) continue;
+        int can = 0;
+        BAM_CUDA_TRY(cudaDeviceCanAccessPeer(&can, a, b));
+        if (!can)
+          throw error("page_cache: CUDA device " + std::to_string(a) + " cannot access the memory of device " +
+                      std::to_string(b) + " (no peer access): a cache over several GPUs needs it between all of them");
+        const cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
+        if (e == cudaErrorPeerAccessAlreadyEnabled) // enabled by the program itself
+          (void)cudaGetLastError();
+        else
+          BAM_CUDA_TRY(e);
+        done.emplace_back(a, b);
+      }
+    }
   }
 
   //! Pages a timed-out command may still write, with the mappings of them:
   //! the mappings are undone before the pages are freed.
   struct quarantined_pages {
     aligned_device_memory pages;
+    std::shared_ptr<spread_device_memory> spread_pages;
     std::vector<std::shared_ptr<storage_mapping>> mappings; // destroyed first
   };
 
@@ -479,7 +715,7 @@ private:
     std::vector<std::uint64_t> words(static_cast<std::size_t>(std::min<std::uint64_t>(chunk, nslots_)));
     for (std::uint64_t first = 0; first < nslots_; first += chunk) {
       const std::uint64_t n = std::min<std::uint64_t>(chunk, nslots_ - first);
-      copy_to_host(words.data(), slots_.get() + first, static_cast<std::size_t>(n));
+      copy_to_host(words.data(), slots_ptr_ + first, static_cast<std::size_t>(n));
       for (std::uint64_t k = 0; k < n; ++k)
         if (slot_lost(words[k])) return true;
     }
@@ -491,22 +727,38 @@ private:
     space_host& sp = host_spaces_[id];
     // The mapping of the pages for that storage ends here, unless one of its
     // commands timed out (it may still reach them): then it stays with it.
-    if (sp.storage && sp.mapping && queue_broken(*sp.storage->state())) sp.storage->quarantine(sp.mapping);
+    for (std::size_t d = 0; d < sp.storage.size(); ++d)
+      if (sp.storage[d] && sp.mapping[d] && queue_broken(*sp.storage[d]->state()))
+        sp.storage[d]->quarantine(sp.mapping[d]);
     const space_ref none{};
-    copy_to_device(spaces_.get() + id, &none, 1, stream);
+    for (std::size_t d = 0; d < devices_.size(); ++d) {
+      const device_scope there(devices_[d]);
+      copy_to_device(spaces_[d].get() + id, &none, 1);
+    }
     BAM_CUDA_TRY(cudaStreamSynchronize(stream));
     sp = space_host{};
   }
 
   void writeback_locked(std::uint32_t only, bool invalidate, cudaStream_t stream) {
     launch_writeback(only, invalidate, stream);
-    BAM_CUDA_TRY(cudaStreamSynchronize(stream));
+    sync_caller(stream);
   }
+  //! The write-back kernel on every device with a storage in use: each
+  //! writes back the pages of the spaces it has queues for (the first one
+  //! to claim a page does).
   void launch_writeback(std::uint32_t only, bool invalidate, cudaStream_t stream) {
     constexpr unsigned threads = 256;
     const unsigned blocks = static_cast<unsigned>(std::min<std::uint64_t>((nslots_ + threads - 1) / threads, 4096));
-    cache_writeback_kernel<><<<blocks, threads, 0, stream>>>(ref(), only, invalidate);
-    BAM_CUDA_TRY(cudaGetLastError());
+    for (std::size_t d = 0; d < devices_.size(); ++d) {
+      bool serves = devices_.size() == 1;
+      for (const auto& sp : host_spaces_)
+        serves = serves || (sp.used && (only == ~0u || &sp == &host_spaces_[only]) && sp.storage[d]);
+      if (!serves) continue;
+      on_device(d, stream, [&](std::size_t i, cudaStream_t st) {
+        cache_writeback_kernel<><<<blocks, threads, 0, st>>>(ref(i), only, invalidate);
+        BAM_CUDA_TRY(cudaGetLastError());
+      });
+    }
   }
   static void launch_nvme_flush(const storage& s, device_error_record* err, cudaStream_t stream) {
     const std::uint32_t n = s.controller_count();
@@ -519,34 +771,44 @@ private:
     std::vector<storage> out;
     for (const auto& sp : host_spaces_) {
       if (!sp.used) continue;
-      if (std::none_of(out.begin(), out.end(), [&](const storage& x) { return x.state() == sp.storage->state(); }))
-        out.push_back(*sp.storage);
+      for (const auto& s : sp.storage)
+        if (s && std::none_of(out.begin(), out.end(), [&](const storage& x) { return x.state() == s->state(); }))
+          out.push_back(*s);
     }
     return out;
   }
 
   void throw_space_error(std::uint32_t id, const std::string& what, cudaStream_t stream) {
     const space_host& sp = host_spaces_[id];
-    auto name = [&](std::uint32_t c) { return sp.storage->controller_name(c); };
+    auto name = [&](std::uint32_t c) { return any_storage(sp).controller_name(c); };
     throw_if_recorded(sp.err.get(), what, name, stream);
     throw_if_recorded(sp.flush_err.get(), "NVMe Flush (page_cache::flush_async) failed", name, stream);
   }
 
   device_scope on_device_; // first: current while the other members are freed
   page_cache_config cfg_;
+  std::vector<int> devices_; //!< the GPUs of the cache; the first is `device_`
   int device_ = 0;
   std::uint64_t nslots_ = 0;
+  std::uint64_t run_slots_ = ~0ull; //!< slots per run, spread over the devices in turn
   unsigned page_shift_ = 0;
-  aligned_device_memory data_; // freed after every mapping of it is undone (declared first)
-  device_buffer<std::uint64_t> slots_;
+  // Freed after every mapping of them is undone (declared first).
+  aligned_device_memory data_;                         // one GPU
+  std::shared_ptr<spread_device_memory> spread_data_;  // several GPUs
+  std::shared_ptr<spread_device_memory> spread_slots_; // several GPUs: the state words beside their pages
+  std::uint8_t* data_ptr_ = nullptr;
+  std::size_t data_bytes_ = 0;
+  std::uint64_t* slots_ptr_ = nullptr;
+  device_buffer<std::uint64_t> slots_; // one GPU
   device_buffer<std::uint16_t> status_;
   device_buffer<cache_set> sets_;
-  device_buffer<space_ref> spaces_;
-  device_buffer<unsigned long long> counters_;
-  std::vector<space_host> host_spaces_;              // holds the mappings: destroyed before data_
-  std::vector<std::weak_ptr<storage_state>> served_; // storages these pages served
+  std::vector<device_buffer<space_ref>> spaces_;            //!< by device index: the table its kernels read
+  std::vector<device_buffer<unsigned long long>> counters_; //!< by device index
+  std::vector<space_host> host_spaces_;                     // holds the mappings: destroyed before data_
+  std::vector<std::weak_ptr<storage_state>> served_;        // storages these pages served
   std::vector<extent> extents_;
   std::uint64_t next_array_id_ = 1;
+  int caller_ = 0; //!< the device of the stream of the host operation under way (under `mutex_`)
   mutable std::mutex mutex_;
 };
 
@@ -558,20 +820,33 @@ class page_cache {
 public:
   explicit page_cache(const page_cache_config& cfg) : s_(std::make_shared<detail::cache_state>(cfg)) {}
 
+  //! The handle for kernels on the cache's device (on a cache over several
+  //! GPUs: the first; arrays hand out the one of their own GPU).
   page_cache_ref ref() const { return s_->ref(); }
   std::size_t page_size() const { return s_->config().page_size; }
   std::uint64_t slot_count() const { return s_->slot_count(); }
   const page_cache_config& config() const { return s_->config(); }
-  //! The CUDA device that holds the pages (and runs the kernels that use them).
+  //! The CUDA device that holds the pages (and runs the kernels that use
+  //! them); for a cache over several GPUs, the first of them.
   int device() const { return s_->device(); }
+  //! The CUDA devices the pages are spread over (one for most caches).
+  const std::vector<int>& devices() const { return s_->devices(); }
+  //! The CUDA device whose memory holds slot `slot`'s page (its home).
+  int slot_device(std::uint64_t slot) const { return s_->slot_device(slot); }
   //! GPU memory held by metadata (state words, statuses, sets, space table, counters).
   std::size_t metadata_bytes() const {
     return slot_count() * (sizeof(std::uint64_t) + sizeof(std::uint16_t)) +
-           slot_count() / config().ways * sizeof(detail::cache_set) + detail::max_spaces * sizeof(detail::space_ref) +
-           2 * detail::counter_stripes * sizeof(unsigned long long);
+           slot_count() / config().ways * sizeof(detail::cache_set) +
+           devices().size() * (detail::max_spaces * sizeof(detail::space_ref) +
+                               2 * detail::counter_stripes * sizeof(unsigned long long));
   }
   //! Misses (page loads) and write-backs so far (waits for `stream`).
   page_cache_counters counters(cuda::stream_ref stream = {}) const { return s_->counters(stream.get()); }
+  //! Those of kernels on CUDA device `device` alone (a cache over several GPUs).
+  page_cache_counters counters(int device, cuda::stream_ref stream = {}) const {
+    (void)s_->device_index(device); // one of the cache's
+    return s_->counters(stream.get(), device);
+  }
 
   //! Write back every dirty page, then NVMe Flush every controller involved.
   //! Runs on `stream` and waits for it (call it when the kernels that write

@@ -143,7 +143,8 @@ private:
   //! Made by `detail::cache_state::ref()`.
   page_cache_ref(std::uint8_t* data, std::uint64_t* slots, std::uint16_t* slot_status, detail::cache_set* sets,
                  const detail::space_ref* spaces, unsigned long long* counters, std::uint64_t nslots,
-                 std::uint64_t nsets, std::uint32_t ways, std::uint32_t page_shift, std::uint64_t timeout_ns);
+                 std::uint64_t nsets, std::uint32_t ways, std::uint32_t page_shift, std::uint64_t timeout_ns,
+                 bool spread);
 
   //! The set of a page: a multiply instead of a 64-bit modulo (nsets < 2^32).
   BAM_DEVICE std::uint64_t set_of(std::uint64_t key) const;
@@ -181,6 +182,10 @@ private:
   std::uint64_t timeout_ns_ = nvme::default_queue_timeout_ns;
   //! Always 0; the compiler cannot know it (see `detail::dependency_token`).
   std::uint32_t zero_ = 0;
+  //! The pages are spread over several GPUs: data written here is made
+  //! visible to the other GPUs (a system-scope fence) before the state word
+  //! that publishes it.
+  bool spread_ = false;
 };
 static_assert(std::is_trivially_copyable_v<page_cache_ref>, "page_cache_ref is passed to kernels by value");
 

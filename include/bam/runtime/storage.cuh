@@ -40,6 +40,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -228,6 +230,30 @@ public:
   std::string controller_name(std::uint32_t i) const { return i < s_->ctrls.size() ? s_->ctrls[i]->name() : name(); }
   //! What serves the I/O, for reports (the transport's description).
   const std::string& transport_name() const { return s_->description; }
+  //! What holds the blocks, as far as bam can tell: storages opened on the
+  //! same shared memory (`shm=NAME`), the same file or the same SSDs say the
+  //! same, so that a page cache spread over several GPUs keeps one copy of
+  //! their pages. Any other storage (RAM of its own, controllers given by
+  //! the caller) is a medium of its own.
+  std::string medium() const {
+    const device_spec& d = s_->spec;
+    const std::string geometry = ",ssds=" + std::to_string(d.ssds) + ",lba=" + std::to_string(d.lba_size);
+    if (!d.text.empty() && d.media == media_kind::shm) return "shm:" + d.shm_name + geometry;
+    if (!d.text.empty() && d.kind == device_kind::pci) {
+      std::string m = "pci:";
+      for (const auto& p : d.devices)
+        m += p + ";";
+      return m + "nsid=" + std::to_string(s_->opts.nsid);
+    }
+    if (!d.text.empty() && d.media == media_kind::file && !d.path.empty()) {
+      std::error_code ec;
+      const auto p = std::filesystem::weakly_canonical(d.path, ec);
+      return "file:" + (ec ? d.path : p.string()) + geometry;
+    }
+    char b[40];
+    std::snprintf(b, sizeof b, "storage@%p", static_cast<const void*>(s_.get()));
+    return b;
+  }
   const device_spec& spec() const { return s_->spec; }
   //! The CUDA device whose threads submit to this storage's queues (kernels
   //! that use it, and the page caches in front of it, run there).

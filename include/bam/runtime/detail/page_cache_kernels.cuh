@@ -15,7 +15,8 @@ namespace bam::detail {
 //! `only` is ~0u), also those whose write-back failed before, and report
 //! those a timed-out write may still read (lost for good); with
 //! `invalidate`, then forget the clean pages of that space. One lane per
-//! slot, whole warps (the warp drives its lanes' writes together).
+//! slot, whole warps (the warp drives its lanes' writes together). Only
+//! pages of spaces with queues on this kernel's GPU are written back.
 template <int = 0>
 __global__ void cache_writeback_kernel(page_cache_ref c, std::uint32_t only, bool invalidate) {
   constexpr unsigned full = 0xffffffffu;
@@ -35,7 +36,10 @@ __global__ void cache_writeback_kernel(page_cache_ref c, std::uint32_t only, boo
       std::uint64_t word = st.load(cuda::memory_order_acquire);
       const std::uint64_t tag = word >> slot_tag_shift;
       key = tag - 1;
-      const bool in_scope = tag != 0 && (only == ~0u || (key >> key_page_bits) == only);
+      // Pages of spaces this GPU has no queues for are another GPU's to write
+      // back (a cache over several GPUs).
+      const bool in_scope =
+          tag != 0 && (only == ~0u || (key >> key_page_bits) == only) && spaces[key >> key_page_bits].ctrls != nullptr;
       if (in_scope && (word & slot_valid) && (word & slot_dirty) && (word & (slot_busy | slot_pin_mask)) == 0 &&
           st.compare_exchange_strong(word, (word & ~(slot_dirty | slot_wb_failed)) | slot_busy,
                                      cuda::memory_order_acq_rel)) {

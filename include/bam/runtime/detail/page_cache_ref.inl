@@ -44,9 +44,10 @@ BAM_HD constexpr page_phase phase_after(pin_state s) {
 inline page_cache_ref::page_cache_ref(std::uint8_t* data, std::uint64_t* slots, std::uint16_t* slot_status,
                                       detail::cache_set* sets, const detail::space_ref* spaces,
                                       unsigned long long* counters, std::uint64_t nslots, std::uint64_t nsets,
-                                      std::uint32_t ways, std::uint32_t page_shift, std::uint64_t timeout_ns)
+                                      std::uint32_t ways, std::uint32_t page_shift, std::uint64_t timeout_ns,
+                                      bool spread)
     : data_(data), slots_(slots), slot_status_(slot_status), sets_(sets), spaces_(spaces), counters_(counters),
-      nslots_(nslots), nsets_(nsets), ways_(ways), page_shift_(page_shift), timeout_ns_(timeout_ns) {}
+      nslots_(nslots), nsets_(nsets), ways_(ways), page_shift_(page_shift), timeout_ns_(timeout_ns), spread_(spread) {}
 
 BAM_HD inline std::uint64_t page_cache_ref::page_size() const { return std::uint64_t{1} << page_shift_; }
 BAM_HD inline std::uint64_t page_cache_ref::slot_count() const { return nslots_; }
@@ -61,6 +62,9 @@ BAM_DEVICE inline std::uint64_t page_cache_ref::set_of(std::uint64_t key) const 
 }
 
 BAM_DEVICE inline void page_cache_ref::release(std::uint32_t slot) const {
+  // Writes to a page at home on another GPU reach it before the unpin does
+  // (a write-back from a third GPU may follow).
+  if (spread_) cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_system);
   detail::dev_atomic<std::uint64_t>(slots_[slot]).fetch_sub(1, cuda::memory_order_release);
 }
 
@@ -104,7 +108,9 @@ BAM_DEVICE inline pin_result page_cache_ref::pin(std::uint64_t key, bool for_wri
 BAM_DEVICE inline pin_result page_cache_ref::take_pin(std::uint32_t s, std::uint64_t tag, bool for_write,
                                                       std::uint32_t prefetch_from, std::uint32_t prefetch_bytes) const {
   using namespace detail;
-  if (prefetch_bytes != 0) prefetch_l2(page_data(s) + prefetch_from, prefetch_bytes);
+  // (Not for a cache over several GPUs: a bulk L2 prefetch of another GPU's
+  // memory stalls the warp far longer than the reads it would speed up.)
+  if (prefetch_bytes != 0 && !spread_) prefetch_l2(page_data(s) + prefetch_from, prefetch_bytes);
   // One atomic add pins it (never retried like a compare-and-swap); if the
   // slot changed since it was read, the add is taken back.
   dev_atomic<std::uint64_t> st(slots_[s]);
@@ -355,6 +361,8 @@ BAM_DEVICE inline void page_cache_ref::finish_io(detail::page_request& r) const 
       }
     }
     if (st.ok()) {
+      // The page may be at home on another GPU, and its readers on a third.
+      if (spread_) cuda::atomic_thread_fence(cuda::memory_order_release, cuda::thread_scope_system);
       word.fetch_add(slot_valid - slot_busy + (r.for_write ? slot_dirty : 0), cuda::memory_order_release);
       r.phase = page_phase::hit;
       return;

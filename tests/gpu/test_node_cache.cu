@@ -1,0 +1,260 @@
+// SPDX-License-Identifier: MIT
+// One page cache over two GPUs (`page_cache_config::devices`): its slots are
+// spread over both GPUs' memory, each GPU attaches an array over a storage of
+// its own on one shared medium, and the node holds one copy of every page:
+// a page loaded by one GPU is a hit for the other, a page written by one GPU
+// is read by the other without a flush, and pages written by both GPUs at
+// once, with evictions, reach the medium whole.
+#include "shm_table.cuh"
+
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <unistd.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace {
+
+using namespace bam_shm_test;
+
+struct scratch_name {
+  std::string name;
+  scratch_name() {
+    static int serial = 0;
+    name = "test-node-cache-" + std::to_string(::getpid()) + "-" + std::to_string(serial++);
+  }
+  ~scratch_name() { bam::emu::remove_shared_memory(name); }
+};
+
+int gpu_count() {
+  int n = 0;
+  BAM_CUDA_TRY(cudaGetDeviceCount(&n));
+  return n;
+}
+
+bool peers(int a, int b) {
+  int ab = 0, ba = 0;
+  BAM_CUDA_TRY(cudaDeviceCanAccessPeer(&ab, a, b));
+  BAM_CUDA_TRY(cudaDeviceCanAccessPeer(&ba, b, a));
+  return ab != 0 && ba != 0;
+}
+
+// 512-byte pages: a run of the spread cache (262,144 slots) is 128 MiB, so a
+// 256 MiB cache has slots on both GPUs.
+constexpr std::size_t small_page = 512;
+constexpr std::size_t node_cache_bytes = 256ull << 20;
+
+//! Elements `i` with (i / 64) % 2 == g: each 512-byte page is written by both GPUs.
+__global__ void write_interleaved(bam::array_ref<std::uint32_t> a, std::uint64_t count, int g, std::uint32_t salt) {
+  for (std::uint64_t k = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; k < count;
+       k += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
+    if (static_cast<int>((k / 64) % 2) == g) a.write(k, table_word(k, salt));
+}
+
+//! Check [first, first + count) of `a` on its GPU; the tally.
+tally check_on(bam::array<std::uint32_t>& a, std::uint64_t first, std::uint64_t count, std::uint32_t salt) {
+  const bam::device_scope on(a.device());
+  device_tally t;
+  check_table<<<grid_blocks, block_threads>>>(a.ref(), first, count, salt, t.buf.get());
+  BAM_CUDA_TRY(cudaGetLastError());
+  BAM_CUDA_TRY(cudaDeviceSynchronize());
+  a.check();
+  return t.get();
+}
+
+} // namespace
+
+TEST_CASE("a cache over two GPUs: slots on both, one copy of a page for both GPUs, writes seen by the other GPU",
+          "[node-cache][gpu]") {
+  if (gpu_count() < 2) SKIP("this test needs 2 GPUs; " << gpu_count() << " found");
+  if (!peers(0, 1)) SKIP("GPUs 0 and 1 have no peer access");
+  scratch_name n;
+  constexpr std::uint64_t words = (64ull << 20) / 4; // 64 MiB: a quarter of the cache
+  const std::string dev = "emu-gpu:shm=" + n.name + ",size=" + std::to_string(words * 4) + ",unlink";
+  bam::page_cache cache({.page_size = small_page, .capacity = node_cache_bytes, .devices = {0, 1}});
+  CHECK(cache.devices() == std::vector<int>{0, 1});
+  CHECK(cache.slot_count() == node_cache_bytes / small_page);
+  // Runs of 262,144 slots on the GPUs in turn.
+  CHECK(cache.slot_device(0) == 0);
+  CHECK(cache.slot_device(262143) == 0);
+  CHECK(cache.slot_device(262144) == 1);
+  CHECK(cache.slot_device(cache.slot_count() - 1) == 1);
+
+  bam::storage s0(dev, {.device = 0});
+  bam::storage s1(dev, {.device = 1});
+  CHECK(s0.medium() == s1.medium());
+  std::optional<bam::array<std::uint32_t>> a0_, a1_;
+  {
+    const bam::device_scope on(1); // the array's own memory is made on its storage's GPU all the same
+    a0_.emplace(cache, s0, words);
+    a1_.emplace(cache, s1, words);
+  }
+  bam::array<std::uint32_t>& a0 = *a0_;
+  bam::array<std::uint32_t>& a1 = *a1_;
+  CHECK(a0.device() == 0);
+  CHECK(a1.device() == 1);
+
+  // GPU 0 writes the table; GPU 1 reads it from the cache, without a flush.
+  {
+    const bam::device_scope on(0);
+    write_table<<<grid_blocks, block_threads>>>(a0.ref(), 0, words, 11);
+    BAM_CUDA_TRY(cudaGetLastError());
+    BAM_CUDA_TRY(cudaDeviceSynchronize());
+    a0.check();
+  }
+  const std::uint64_t pages = words * 4 / small_page;
+  const bam::page_cache_counters after_write = cache.counters();
+  CHECK(cache.counters(0).misses == after_write.misses);
+  CHECK(cache.counters(1).misses == 0);
+  tally t = check_on(a1, 0, words, 11);
+  CHECK(t.done == words);
+  CHECK(t.bad == 0);
+  // A page is in the cache once for both GPUs: GPU 1 found (nearly) every
+  // page GPU 0 brought in (a set of 8 ways at a quarter full overflows rarely).
+  const std::uint64_t misses_1 = cache.counters(1).misses;
+  INFO("pages " << pages << ", misses by GPU 0 " << after_write.misses << ", by GPU 1 " << misses_1);
+  CHECK(after_write.misses >= pages);
+  CHECK(misses_1 < pages / 50);
+
+  // Both GPUs read all of it at once.
+  {
+    std::vector<device_tally> ts;
+    ts.reserve(2);
+    for (int g = 0; g < 2; ++g) {
+      const bam::device_scope on(g);
+      ts.emplace_back();
+      check_table<<<grid_blocks, block_threads>>>((g == 0 ? a0 : a1).ref(), 0, words, 11, ts.back().buf.get());
+      BAM_CUDA_TRY(cudaGetLastError());
+    }
+    for (int g = 0; g < 2; ++g) {
+      const bam::device_scope on(g);
+      BAM_CUDA_TRY(cudaDeviceSynchronize());
+      (g == 0 ? a0 : a1).check();
+      const tally x = ts[static_cast<std::size_t>(g)].get();
+      CHECK(x.done == words);
+      CHECK(x.bad == 0);
+    }
+  }
+
+  // GPU 1 writes the second half; GPU 0 sees it; a flush from GPU 1's side
+  // puts every page on the medium.
+  {
+    const bam::device_scope on(1);
+    write_table<<<grid_blocks, block_threads>>>(a1.ref(), words / 2, words / 2, 12);
+    BAM_CUDA_TRY(cudaGetLastError());
+    BAM_CUDA_TRY(cudaDeviceSynchronize());
+    a1.check();
+  }
+  t = check_on(a0, words / 2, words / 2, 12);
+  CHECK(t.bad == 0);
+  a1.flush();
+  std::vector<std::uint32_t> medium(words);
+  bam::emu::read_media(s0, 0, 0, medium.data(), words * 4);
+  std::uint64_t bad = 0;
+  for (std::uint64_t i = 0; i < words; ++i)
+    bad += medium[i] != table_word(i, i < words / 2 ? 11 : 12);
+  CHECK(bad == 0);
+}
+
+TEST_CASE("a cache over two GPUs: pages written by both GPUs at once while pages are evicted reach the medium whole",
+          "[node-cache][gpu]") {
+  if (gpu_count() < 2) SKIP("this test needs 2 GPUs; " << gpu_count() << " found");
+  if (!peers(0, 1)) SKIP("GPUs 0 and 1 have no peer access");
+  scratch_name n;
+  constexpr std::uint64_t words = (1ull << 30) / 4; // 1 GiB: four times the cache
+  const std::string dev = "emu-gpu:shm=" + n.name + ",size=" + std::to_string(words * 4) + ",unlink";
+  bam::page_cache cache({.page_size = small_page, .capacity = node_cache_bytes, .devices = {0, 1}});
+  bam::storage s0(dev, {.device = 0});
+  bam::storage s1(dev, {.device = 1});
+  std::optional<bam::array<std::uint32_t>> a_[2];
+  a_[0].emplace(cache, s0, words);
+  a_[1].emplace(cache, s1, words);
+
+  // Each page gets words from both GPUs, at once.
+  for (int g = 0; g < 2; ++g) {
+    const bam::device_scope on(g);
+    write_interleaved<<<grid_blocks, block_threads>>>(a_[g]->ref(), words, g, 21);
+    BAM_CUDA_TRY(cudaGetLastError());
+  }
+  for (int g = 0; g < 2; ++g) {
+    const bam::device_scope on(g);
+    BAM_CUDA_TRY(cudaDeviceSynchronize());
+    a_[g]->check();
+  }
+  const bam::page_cache_counters c = cache.counters();
+  INFO("misses " << c.misses << ", write-backs " << c.writebacks);
+  CHECK(c.writebacks > 0); // the table does not fit: pages went back while being written
+  {
+    const bam::device_scope on(0);
+    a_[0]->flush();
+  }
+  // Read back by both GPUs at once (through misses again), and on the host.
+  std::vector<device_tally> ts;
+  ts.reserve(2);
+  for (int g = 0; g < 2; ++g) {
+    const bam::device_scope on(g);
+    ts.emplace_back();
+    check_table<<<grid_blocks, block_threads>>>(a_[g]->ref(), 0, words, 21, ts.back().buf.get());
+    BAM_CUDA_TRY(cudaGetLastError());
+  }
+  for (int g = 0; g < 2; ++g) {
+    const bam::device_scope on(g);
+    BAM_CUDA_TRY(cudaDeviceSynchronize());
+    a_[g]->check();
+    const tally x = ts[static_cast<std::size_t>(g)].get();
+    INFO("GPU " << g << ": first wrong element " << x.first_bad);
+    CHECK(x.done == words);
+    CHECK(x.bad == 0);
+  }
+  std::vector<std::uint32_t> medium(words);
+  bam::emu::read_media(s1, 0, 0, medium.data(), words * 4);
+  std::uint64_t bad = 0;
+  for (std::uint64_t i = 0; i < words; ++i)
+    bad += medium[i] != table_word(i, 21);
+  CHECK(bad == 0);
+}
+
+TEST_CASE("a cache over two GPUs refuses what it cannot serve, with the reason", "[node-cache][gpu]") {
+  if (gpu_count() < 2) SKIP("this test needs 2 GPUs; " << gpu_count() << " found");
+  if (!peers(0, 1)) SKIP("GPUs 0 and 1 have no peer access");
+  scratch_name n;
+  const std::string dev = "emu-gpu:shm=" + n.name + ",size=" + std::to_string(64ull << 20) + ",unlink";
+  bam::page_cache cache({.page_size = 4096, .capacity = node_cache_bytes, .devices = {0, 1}});
+  bam::storage s0(dev, {.device = 0});
+  // An array that does not start on a page boundary.
+  try {
+    bam::array<std::uint32_t> a(cache, s0, 1024, 1);
+    FAIL("an unaligned array was attached");
+  } catch (const bam::error& e) {
+    CHECK_THAT(e.what(), Catch::Matchers::ContainsSubstring("page boundary"));
+  }
+  if (gpu_count() >= 3) {
+    bam::storage s2(dev, {.device = 2});
+    try {
+      bam::array<std::uint32_t> a(cache, s2, 1024);
+      FAIL("a storage of GPU 2 was attached to a cache over GPUs 0 and 1");
+    } catch (const bam::error& e) {
+      CHECK_THAT(e.what(), Catch::Matchers::ContainsSubstring("not one of the cache's devices"));
+    }
+  }
+  // A storage of another medium on the other GPU gets pages of its own.
+  bam::storage ram1("emu-gpu:ram=64M", {.device = 1});
+  CHECK(ram1.medium() != s0.medium());
+  bam::array<std::uint32_t> a0(cache, s0, 1024);
+  bam::array<std::uint32_t> r1(cache, ram1, 1024);
+  {
+    const bam::device_scope on(0);
+    write_table<<<1, 256>>>(a0.ref(), 0, 1024, 5);
+    BAM_CUDA_TRY(cudaDeviceSynchronize());
+  }
+  {
+    const bam::device_scope on(1);
+    write_table<<<1, 256>>>(r1.ref(), 0, 1024, 6);
+    BAM_CUDA_TRY(cudaDeviceSynchronize());
+  }
+  CHECK(check_on(a0, 0, 1024, 5).bad == 0);
+  CHECK(check_on(r1, 0, 1024, 6).bad == 0);
+}
