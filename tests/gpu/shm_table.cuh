@@ -1,12 +1,16 @@
 // SPDX-License-Identifier: MIT
 // A table of 32-bit words written and checked through bam arrays by the
-// shared-media tests (test_shared_media.cu) and the process they start
-// (shm_peer.cu): the value of element i depends on i and a salt alone.
+// shared-media tests (test_shared_media.cu), the process they start
+// (shm_peer.cu) and the tests of a cache over several GPUs
+// (test_node_cache.cu): the value of element i depends on i and a salt alone.
 #pragma once
 
 #include <bam/bam.cuh>
 
+#include <unistd.h>
+
 #include <cstdint>
+#include <string>
 
 namespace bam_shm_test {
 
@@ -50,6 +54,24 @@ __global__ void check_table(bam::array_ref<std::uint32_t> a, std::uint64_t first
   }
   atomicAdd(&t->done, done);
   if (bad != 0) atomicAdd(&t->bad, bad);
+}
+
+//! A shared-memory name of the test's own, removed at scope exit.
+struct scratch_name {
+  std::string name;
+  scratch_name() {
+    static int serial = 0;
+    name = "test-gpu-" + std::to_string(::getpid()) + "-" + std::to_string(serial++);
+  }
+  ~scratch_name() { bam::emu::remove_shared_memory(name); }
+  scratch_name(const scratch_name&) = delete;
+  scratch_name& operator=(const scratch_name&) = delete;
+};
+
+inline int gpu_count() {
+  int n = 0;
+  BAM_CUDA_TRY(cudaGetDeviceCount(&n));
+  return n;
 }
 
 inline constexpr unsigned grid_blocks = 264;

@@ -20,21 +20,6 @@ namespace {
 
 using namespace bam_shm_test;
 
-struct scratch_name {
-  std::string name;
-  scratch_name() {
-    static int serial = 0;
-    name = "test-node-cache-" + std::to_string(::getpid()) + "-" + std::to_string(serial++);
-  }
-  ~scratch_name() { bam::emu::remove_shared_memory(name); }
-};
-
-int gpu_count() {
-  int n = 0;
-  BAM_CUDA_TRY(cudaGetDeviceCount(&n));
-  return n;
-}
-
 bool peers(int a, int b) {
   int ab = 0, ba = 0;
   BAM_CUDA_TRY(cudaDeviceCanAccessPeer(&ab, a, b));
@@ -137,6 +122,32 @@ TEST_CASE("a cache over two GPUs: slots on both, one copy of a page for both GPU
       CHECK(x.done == words);
       CHECK(x.bad == 0);
     }
+  }
+
+  // Rows gathered and held by GPU 1 (a row a page: the set counts of holds
+  // live on GPU 0, the pages on both).
+  {
+    constexpr std::uint64_t row = small_page / 4;
+    const std::vector<std::uint64_t> ids{3, 70000, 131071, 9, 3};
+    const bam::device_scope on(1);
+    bam::device_buffer<std::uint64_t> d_ids(ids.size());
+    bam::device_buffer<std::uint32_t> d_out(ids.size() * row);
+    bam::copy_to_device(d_ids.get(), ids.data(), ids.size());
+    bam::gather_rows(a1, d_ids.get(), ids.size(), row, d_out.get()); // the rows' pages are in the cache now
+    bam::row_holds<std::uint32_t> holds(a1);
+    holds.hold(d_ids.get(), ids.size(), row);
+    CHECK(holds.held() == 4); // row 3 twice
+    BAM_CUDA_TRY(cudaMemset(d_out.get(), 0, ids.size() * row * 4));
+    bam::gather_rows(a1, d_ids.get(), ids.size(), row, d_out.get());
+    holds.release();
+    a1.check();
+    std::vector<std::uint32_t> out(ids.size() * row);
+    bam::copy_to_host(out.data(), d_out.get(), out.size());
+    std::uint64_t wrong = 0;
+    for (std::size_t k = 0; k < ids.size(); ++k)
+      for (std::uint64_t j = 0; j < row; ++j)
+        wrong += out[k * row + j] != table_word(ids[k] * row + j, 11);
+    CHECK(wrong == 0);
   }
 
   // GPU 1 writes the second half; GPU 0 sees it; a flush from GPU 1's side

@@ -29,22 +29,6 @@ namespace {
 
 using namespace bam_shm_test;
 
-//! A shared-memory name of this test's own, removed at scope exit.
-struct scratch_name {
-  std::string name;
-  scratch_name() {
-    static int serial = 0;
-    name = "test-gpu-" + std::to_string(::getpid()) + "-" + std::to_string(serial++);
-  }
-  ~scratch_name() { bam::emu::remove_shared_memory(name); }
-};
-
-int gpu_count() {
-  int n = 0;
-  BAM_CUDA_TRY(cudaGetDeviceCount(&n));
-  return n;
-}
-
 //! Run the peer process to its end; its exit status.
 int run_peer(const std::string& what, const std::string& device, int gpu, std::uint64_t first, std::uint64_t count,
              std::uint32_t salt) {

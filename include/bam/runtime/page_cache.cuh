@@ -244,8 +244,10 @@ public:
 
   //! Attach `npages` pages of an array at `start_lba` (on every controller of `s`).
   array_binding attach(const storage& s, std::uint64_t start_lba, std::uint64_t npages, cudaStream_t stream) {
+    const int caller = caller_device(stream);
     const device_scope on(device_);
     std::lock_guard lock(mutex_);
+    caller_ = caller;
     const std::string where = s.name();
     if (std::find(devices_.begin(), devices_.end(), s.device()) == devices_.end()) {
       if (devices_.size() == 1)
@@ -333,6 +335,7 @@ public:
   array_binding attach_file(const storage& s, const extent_map_ref* file, std::shared_ptr<void> keep,
                             std::uint64_t npages, cudaStream_t stream) {
     std::lock_guard lock(mutex_);
+    caller_ = device_;
     const std::string where = s.name();
     if (devices_.size() > 1)
       throw error("page_cache: arrays over a file's extent map are not served by a cache over several GPUs");
@@ -569,7 +572,7 @@ private:
       const device_scope there(devices_[dev]);
       copy_to_device(spaces_[dev].get() + id, &r, 1);
     }
-    BAM_CUDA_TRY(cudaStreamSynchronize(stream));
+    sync_caller(stream);
   }
 
   //! Do the pages of `sp` come from `s`'s medium (a single-GPU cache: from `s` itself)?
@@ -735,7 +738,7 @@ private:
       const device_scope there(devices_[d]);
       copy_to_device(spaces_[d].get() + id, &none, 1);
     }
-    BAM_CUDA_TRY(cudaStreamSynchronize(stream));
+    sync_caller(stream);
     sp = space_host{};
   }
 
