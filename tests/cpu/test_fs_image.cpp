@@ -17,6 +17,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -321,4 +323,80 @@ TEST_CASE("a file set: every file below a directory of an image, by index, read 
   mixed.push_back({"/top.bin", img.map("/top.bin")});
   mixed.push_back({"/top.bin", img4k.map("/top.bin")});
   CHECK_THROWS_WITH(bam::file_set(std::move(mixed)), ContainsSubstring("on one disk"));
+}
+
+TEST_CASE("maps of an image's files fail (ESTALE) once a file changes, alone and in a set", "[fs_image]") {
+  scratch s;
+  fs::create_directories(s.dir / "src" / "d");
+  write_file(s.dir / "src" / "d" / "a.bin", random_bytes(20 * 1024, 1));
+  write_file(s.dir / "src" / "d" / "b.bin", random_bytes(30 * 1024, 2));
+  write_file(s.dir / "src" / "d" / "c.bin", random_bytes(5 * 1024, 3));
+  const fs::path image = s.dir / "stale.img";
+  make_image(image, s.dir / "src", "ext4", 8, "-O ^has_journal");
+  auto debugfs = [&](const std::string& commands) {
+    {
+      std::ofstream cmds(s.dir / "cmds");
+      cmds << commands;
+    }
+    run("debugfs -w -f " + (s.dir / "cmds").string() + " " + image.string());
+  };
+  auto stale_message = [](auto&& check) -> std::string {
+    try {
+      check();
+    } catch (const bam::error& e) {
+      CHECK(e.context().errnum == ESTALE);
+      return e.what();
+    }
+    return "";
+  };
+
+  std::optional<bam::extent_map> a, c;
+  std::optional<bam::file_set> set;
+  {
+    const bam::fs_image img(image.string());
+    a.emplace(img.map("/d/a.bin"));
+    c.emplace(img.map("/d/c.bin"));
+    set.emplace(img.map_files("/d"));
+  } // the maps outlive the image they came from
+  CHECK_NOTHROW(a->check_unchanged());
+  CHECK_NOTHROW(set->check_unchanged());
+  // The check as a callable that outlives the set (what a file_array keeps),
+  // and a set made by hand from maps, checked map by map.
+  const std::function<void()> kept = set->unchanged_check();
+  std::optional<bam::file_set> by_hand;
+  {
+    std::vector<bam::file_set::named_map> maps;
+    maps.push_back({"/d/b.bin", bam::fs_image(image.string()).map("/d/b.bin")});
+    by_hand.emplace(std::move(maps));
+  }
+  const std::function<void()> kept_by_hand = by_hand->unchanged_check();
+  by_hand.reset();
+  CHECK_NOTHROW(kept());
+  CHECK_NOTHROW(kept_by_hand());
+
+  // Another file of the image rewritten (other size, other blocks): the set
+  // names it; the map of a file that did not change still holds.
+  write_file(s.dir / "b2.src", random_bytes(45 * 1024, 4));
+  debugfs("rm /d/b.bin\nwrite " + (s.dir / "b2.src").string() + " /d/b.bin\n");
+  CHECK_NOTHROW(a->check_unchanged());
+  const std::string set_msg = stale_message([&] { set->check_unchanged(); });
+  CHECK_THAT(set_msg, ContainsSubstring("/d/b.bin"));
+  CHECK_THAT(set_msg, ContainsSubstring("map it again"));
+  CHECK_THAT(stale_message(kept), ContainsSubstring("/d/b.bin"));
+  CHECK_THAT(stale_message(kept_by_hand), ContainsSubstring("/d/b.bin"));
+
+  // The file itself: its size changed.
+  debugfs("sif /d/a.bin size 1000\n");
+  CHECK_THAT(stale_message([&] { a->check_unchanged(); }), ContainsSubstring("size went from 20480 to 1000"));
+  // Removed.
+  debugfs("rm /d/c.bin\n");
+  CHECK_THAT(stale_message([&] { c->check_unchanged(); }), ContainsSubstring("no longer a regular file"));
+
+  // A map made again is good until the next change; an image replaced by
+  // another file fails every map of it.
+  bam::extent_map again = bam::fs_image(image.string()).map("/d/a.bin");
+  CHECK_NOTHROW(again.check_unchanged());
+  fs::copy_file(image, s.dir / "copy.img");
+  fs::rename(s.dir / "copy.img", image);
+  CHECK_THAT(stale_message([&] { again.check_unchanged(); }), ContainsSubstring("another file"));
 }

@@ -186,6 +186,7 @@ TEST_CASE("a file array: the many files of an ext4 image read whole by GPU warps
     }
   }
   CHECK(wrong == 0);
+  CHECK_NOTHROW(files.check_unchanged()); // no file of the image changed since it was mapped
 
   // One warp of a user's kernel reads the largest file.
   const auto largest =

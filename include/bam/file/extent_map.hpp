@@ -48,6 +48,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -95,6 +96,13 @@ namespace detail {
   error_context c;
   c.errnum = errnum;
   throw error("cannot read " + path + " through raw blocks: " + why, c);
+}
+
+//! A map's file changed after it was mapped: ESTALE, saying what changed.
+[[noreturn]] inline void throw_stale(const std::string& path, const std::string& what) {
+  error_context c;
+  c.errnum = ESTALE;
+  throw error(path + " changed after it was mapped: " + what + "; map it again", c);
 }
 
 //! A file opened read-only, closed when it goes out of scope.
@@ -334,11 +342,23 @@ public:
     return out;
   }
 
+  //! What tells whether the file behind a map made by `from_extents` changed
+  //! since: it returns what changed, or "" when nothing did.
+  using change_check = std::function<std::string()>;
+  //! Give a map made by `from_extents` a way to tell whether its file changed
+  //! (`check_unchanged` runs it; `fs_image::map` sets one). Copies of the map share it.
+  void set_change_check(change_check check) { change_check_ = std::make_shared<change_check>(std::move(check)); }
+
   //! Throws bam::error (ESTALE) if the file's size, modification time or
   //! layout is not what it was when mapped: data read through the map may
-  //! then be stale. Maps made by from_extents have no file to compare with.
+  //! then be stale. A map made by from_extents is checked by its change
+  //! check (`set_change_check`), if it has one.
   void check_unchanged() const {
-    if (!mapped_from_file_) return;
+    if (!mapped_from_file_) {
+      if (change_check_)
+        if (const std::string what = (*change_check_)(); !what.empty()) detail::throw_stale(path_, what);
+      return;
+    }
     const detail::readonly_fd file(path_, " to check it is unchanged");
     const int fd = file.fd;
     struct stat st {};
@@ -356,11 +376,7 @@ public:
         what = "its blocks moved (" + std::to_string(id_.raw_extents) + " pieces then, " + std::to_string(raw.size()) +
                " now)";
     }
-    if (!what.empty()) {
-      error_context c;
-      c.errnum = ESTALE;
-      throw error(path_ + " changed after it was mapped: " + what + "; map it again", c);
-    }
+    if (!what.empty()) detail::throw_stale(path_, what);
   }
 
   //! The raw extents FIEMAP reports for an open file (all of them, in batches).
@@ -421,6 +437,8 @@ private:
     push(first, count, extent_hole);
   }
 
+public:
+  //! A hash of a layout (every field of every piece, the last-piece flag aside).
   static std::uint64_t layout_hash(const std::vector<raw_extent>& raw) {
     std::uint64_t h = 1469598103934665603ull; // FNV-1a over the fields
     auto mix = [&](std::uint64_t v) {
@@ -438,6 +456,7 @@ private:
     return h;
   }
 
+private:
   static block_device_info device_of(const std::string& path, dev_t st_dev) {
     namespace fs = std::filesystem;
     const unsigned maj = major(st_dev), min = minor(st_dev);
@@ -482,6 +501,7 @@ private:
   extent_map_options opts_;
   file_identity id_;
   bool mapped_from_file_ = false;
+  std::shared_ptr<change_check> change_check_; //!< a map made by from_extents: how to tell its file changed
   std::uint32_t lba_shift_ = 9;
   std::vector<std::uint64_t> start_; // runs + 1
   std::vector<std::uint64_t> lba_;   // runs

@@ -20,6 +20,8 @@
 #include <bam/file/extent_map_ref.hpp>
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -169,9 +171,38 @@ public:
     return p;
   }
 
+  //! What tells whether the set's files changed, all at once: it returns
+  //! what changed ("" if nothing) and sets its argument to the file's name.
+  using change_check = std::function<std::string(std::string&)>;
+  //! Check the set's files with `check` instead of one by one
+  //! (`fs_image::map_files` sets one). Copies of the set share it.
+  void set_change_check(change_check check) { check_ = std::make_shared<change_check>(std::move(check)); }
+
+  //! `check_unchanged` as a callable that outlives the set (it keeps what
+  //! the check needs: the set's change check, else copies of the maps).
+  std::function<void()> unchanged_check() const {
+    if (check_)
+      return [check = check_] {
+        std::string file;
+        if (const std::string what = (*check)(file); !what.empty()) detail::throw_stale(file, what);
+      };
+    auto maps = std::make_shared<std::vector<extent_map>>();
+    for (const named_map& f : files_)
+      maps->push_back(f.map);
+    return [maps] {
+      for (const extent_map& m : *maps)
+        m.check_unchanged();
+    };
+  }
+
   //! Throws bam::error (ESTALE) for the first file whose map no longer
   //! describes it (see `extent_map::check_unchanged`).
   void check_unchanged() const {
+    if (check_) {
+      std::string file;
+      if (const std::string what = (*check_)(file); !what.empty()) detail::throw_stale(file, what);
+      return;
+    }
     for (const named_map& f : files_)
       f.map.check_unchanged();
   }
@@ -184,6 +215,7 @@ private:
   std::vector<std::uint64_t> size_;
   std::uint64_t total_ = 0;
   std::uint32_t lba_shift_ = 9;
+  std::shared_ptr<change_check> check_; //!< all files at once, if set
 };
 
 } // namespace bam

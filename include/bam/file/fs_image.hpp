@@ -37,6 +37,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -79,10 +80,46 @@ public:
   //! The file system's block size in bytes.
   std::uint32_t block_size() const { return fs_->blocksize; }
 
+  //! What identifies a file of the image when it is mapped.
+  struct file_stamp {
+    ext2_ino_t ino = 0;
+    std::uint32_t generation = 0;
+    std::uint32_t mtime = 0, ctime = 0;
+    std::uint64_t size = 0;
+    std::uint64_t layout = 0; //!< `extent_map::layout_hash` of its pieces
+  };
+
   //! The extent map of the regular file `path` (absolute, inside the file system).
   //! @throw bam::error (ENOENT) for a path that is not there, (EINVAL) for a
   //! directory or another non-regular file, and every refusal of `extent_map`.
+  //! The map remembers the file as it was (inode, generation, size, times,
+  //! layout): its `check_unchanged()` opens the image again and fails
+  //! (ESTALE) once the file differs, is gone, or the image is another file.
   extent_map map(const std::string& path, const extent_map_options& opts = {}) const {
+    file_stamp stamp;
+    return map(path, opts, stamp);
+  }
+  //! `map`, and the file's stamp into `stamp`.
+  extent_map map(const std::string& path, const extent_map_options& opts, file_stamp& stamp) const {
+    std::vector<raw_extent> raw = layout(path, stamp);
+    block_device_info dev;
+    dev.disk = image_;
+    dev.disk_node = image_;
+    dev.partition_start = offset_;
+    dev.disk_bytes = image_bytes_;
+    dev.lba_size = lba_size_;
+    extent_map m = extent_map::from_extents(where(path), std::move(raw), stamp.size, dev, opts);
+    const auto check = files_check({{path, stamp}});
+    m.set_change_check([check] {
+      std::string ignored;
+      return check(ignored);
+    });
+    return m;
+  }
+
+  //! The pieces of the regular file `path` as FIEMAP would report them, and its stamp.
+  //! @throw bam::error as `map` does for a path that is not a regular file
+  std::vector<raw_extent> layout(const std::string& path, file_stamp& stamp) const {
     ext2_inode inode{};
     const ext2_ino_t ino = regular_file(path, inode);
     const std::uint64_t size = EXT2_I_SIZE(&inode);
@@ -97,13 +134,8 @@ public:
     } else {
       blocks_of(path, ino, common, raw);
     }
-    block_device_info dev;
-    dev.disk = image_;
-    dev.disk_node = image_;
-    dev.partition_start = offset_;
-    dev.disk_bytes = image_bytes_;
-    dev.lba_size = lba_size_;
-    return extent_map::from_extents(where(path), std::move(raw), size, dev, opts);
+    stamp = {ino, inode.i_generation, inode.i_mtime, inode.i_ctime, size, extent_map::layout_hash(raw)};
+    return raw;
   }
 
   //! The bytes of the regular file `path` as the file system reads them
@@ -151,17 +183,60 @@ public:
 
   //! The files below `dir` (see `files`) as one `file_set`, in path order.
   //! @throw bam::error as `map` does, naming the file.
+  //! The set's `check_unchanged()` opens the image once and checks every
+  //! file as `map`'s maps do.
   file_set map_files(const std::string& dir = "/", const extent_map_options& opts = {}) const {
     std::vector<file_set::named_map> maps;
+    std::vector<std::pair<std::string, file_stamp>> stamps;
     for (std::string& p : files(dir)) {
-      extent_map m = map(p, opts);
+      file_stamp s;
+      extent_map m = map(p, opts, s);
+      stamps.emplace_back(p, s);
       maps.push_back({std::move(p), std::move(m)});
     }
-    return file_set(std::move(maps));
+    file_set set(std::move(maps));
+    set.set_change_check(files_check(std::move(stamps)));
+    return set;
   }
 
 private:
   std::string where(const std::string& path) const { return image_ + ":" + path; }
+
+  //! A check that `files` are as their stamps say: the image opened again
+  //! (and still the same file), each file looked up. It returns what changed
+  //! ("" if nothing) and the changed file's path into its argument.
+  file_set::change_check files_check(std::vector<std::pair<std::string, file_stamp>> files) const {
+    struct stat st {};
+    if (::stat(image_.c_str(), &st) != 0) throw_errno("stat " + image_);
+    return [image = image_, offset = offset_, lba = lba_size_, dev = st.st_dev, ino = st.st_ino,
+            files = std::move(files)](std::string& changed) -> std::string {
+      changed = image;
+      struct stat now {};
+      if (::stat(image.c_str(), &now) != 0) return "the image is gone";
+      if (now.st_dev != dev || now.st_ino != ino) return "the image is another file now (replaced or renamed over)";
+      std::optional<fs_image> again;
+      try {
+        again.emplace(image, offset, lba);
+      } catch (const std::exception& e) {
+        return std::string("the image can no longer be read as a file system (") + e.what() + ")";
+      }
+      for (const auto& [path, then] : files) {
+        changed = again->where(path);
+        file_stamp s;
+        try {
+          (void)again->layout(path, s);
+        } catch (const std::exception& e) {
+          return std::string("it is no longer a regular file there (") + e.what() + ")";
+        }
+        if (s.ino != then.ino || s.generation != then.generation) return "it is another file now";
+        if (s.size != then.size)
+          return "its size went from " + std::to_string(then.size) + " to " + std::to_string(s.size) + " bytes";
+        if (s.mtime != then.mtime || s.ctime != then.ctime) return "it was modified";
+        if (s.layout != then.layout) return "its blocks moved";
+      }
+      return {};
+    };
+  }
 
   //! The inode number of the regular file `path`, its inode into `inode`.
   ext2_ino_t regular_file(const std::string& path, ext2_inode& inode) const {

@@ -25,8 +25,9 @@
 #include <bam/file/file_set.hpp>
 #include <bam/runtime/array.cuh>
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -104,7 +105,7 @@ public:
   //! @param stream the tables are copied and the cache's tables updated on it (waited for)
   //! @throw bam::error as `bam::array` over an extent map does (block size, runs past the storage's end)
   file_array(page_cache& cache, const storage& s, const file_set& set, cuda::stream_ref stream = {})
-      : sizes_(set.sizes()) {
+      : sizes_(set.sizes()), unchanged_(set.unchanged_check()) {
     const device_scope on(cache.device());
     file_set::packed p = set.packed_map(cache.page_size());
     offsets_ = std::move(p.offsets);
@@ -167,10 +168,14 @@ public:
 
   //! Report a failure recorded since the last check (waits for `stream`).
   void check(cuda::stream_ref stream = {}) { bytes_->check(stream); }
+  //! Throws bam::error (ESTALE) when a file of the set changed since it was
+  //! mapped (`file_set::check_unchanged`): what was read of it may be stale.
+  void check_unchanged() const { unchanged_(); }
 
 private:
   std::vector<std::uint64_t> sizes_;
   std::vector<std::uint64_t> offsets_;
+  std::function<void()> unchanged_;
   std::optional<array<std::uint8_t>> bytes_;
   device_buffer<std::uint64_t> d_offset_;
   device_buffer<std::uint64_t> d_size_;
