@@ -538,7 +538,12 @@ private:
     sp.bpp = bpp;
     sp.file = nullptr;
     sp.file_ref = file;
-    add_storage(id, s, stream);
+    try {
+      add_storage(id, s, stream);
+    } catch (...) {
+      sp = space_host{}; // no space without a storage
+      throw;
+    }
     return id;
   }
 
