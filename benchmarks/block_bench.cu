@@ -12,6 +12,8 @@
 //   KvikIO
 //   block_bench --device emu-gpu:shm=bench,size=8G,unlink --gpus 1,2 --mode range --cache-mib 256  # 1 GPU, then 2
 //   block_bench --device emu-gpu:shm=bench,size=8G,unlink --gpus 2 --node-cache --mode range --cache-mib 2048
+//   block_bench --device emu-gpu:shm=bench,size=8G,unlink --gpus 2 --processes --node-cache --mode range --cache-mib
+//   2048
 //
 // Several GPUs (--gpus N, or a list: 1,2 measures one GPU, then two, in one
 // run): one host thread per GPU, each with its own storage over the device
@@ -20,7 +22,9 @@
 // copy of the data; the JSON has per-GPU figures, their sum, and the scaling
 // against the one-GPU run of the same invocation. With --node-cache the GPUs
 // share one page cache spread over them (--cache-mib on each GPU, one copy
-// of a page for all) instead of a cache each.
+// of a page for all) instead of a cache each. With --processes each GPU runs
+// in a process of its own (torchrun's layout) instead of a thread; with
+// --node-cache as well, the processes share one cache (page_cache_config::group).
 //
 // Modes: raw (GPU threads issue NVMe commands straight through the queues,
 // no cache), element (a[i], 32 lanes on consecutive elements of a page),
@@ -39,6 +43,9 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -55,6 +62,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+extern char** environ;
 
 namespace {
 
@@ -85,8 +94,40 @@ struct options {
   std::size_t file_mib = 4096;
   unsigned host_threads = 32;
   bool quiet = false;
-  std::vector<int> gpus; //!< GPU counts to run each device with (empty: one GPU, the current one)
+  std::vector<int> gpus;  //!< GPU counts to run each device with (empty: one GPU, the current one)
+  bool processes = false; //!< with --gpus: one process per GPU instead of one thread
+  // A process started by --processes (rank >= 1): what it runs and where it reports.
+  int child_rank = 0;
+  int child_of = 0;
+  int child_sync_fd = -1;
+  std::string child_device, child_out, child_group;
 };
+
+//! What the processes of a --processes run share (a memfd each maps): a
+//! barrier that fails, rather than hangs, when one of them failed, and
+//! one time per process.
+struct process_sync {
+  std::atomic<int> arrived;
+  std::atomic<int> generation;
+  std::atomic<int> failed;
+  double times[64];
+
+  void wait(int n) {
+    const int gen = generation.load();
+    if (arrived.fetch_add(1) + 1 == n) {
+      arrived.store(0);
+      generation.fetch_add(1);
+      return;
+    }
+    while (generation.load() == gen) {
+      if (failed.load() != 0) throw std::runtime_error("another process of the run failed");
+      ::usleep(20);
+    }
+  }
+};
+
+//! The salt of this process's offsets (--processes: each rank draws its own).
+std::uint64_t seed_salt = 0;
 
 //! The GPUs of one concurrent run: they agree on the operation count and
 //! start every timed launch together.
@@ -96,13 +137,21 @@ struct gpu_group {
   int index = 0;                        //!< this thread's GPU
   int count = 1;
   bam::page_cache* shared_cache = nullptr; //!< --node-cache: the one cache over the group's GPUs
+  process_sync* processes = nullptr;       //!< --processes: the run's shared barrier and times
+  std::string group;                       //!< --processes --node-cache: the page cache group's name
 
-  void sync() const { barrier->arrive_and_wait(); }
+  void sync() const {
+    if (processes != nullptr)
+      processes->wait(count);
+    else
+      barrier->arrive_and_wait();
+  }
   //! The longest of every GPU's `t`.
   double slowest(double t) const {
-    (*times)[static_cast<std::size_t>(index)] = t;
+    double* const all = processes != nullptr ? processes->times : times->data();
+    all[index] = t;
     sync();
-    const double m = *std::max_element(times->begin(), times->end());
+    const double m = *std::max_element(all, all + count);
     sync();
     return m;
   }
@@ -146,7 +195,7 @@ double percentile_us(const unsigned long long* hist, double q) {
 //! cached, and report hits that a workload larger than the cache never gets.
 std::uint64_t next_seed() {
   static std::atomic<std::uint64_t> launches{0}; // the threads of --gpus draw too
-  return 12345 + 0x9e3779b97f4a7c15ull * ++launches;
+  return 12345 + seed_salt + 0x9e3779b97f4a7c15ull * ++launches;
 }
 
 //! Time `launch(ops_per_thread)`: a calibration run picks the operation count
@@ -295,8 +344,14 @@ run_result run_device(const options& o, const std::string& dev, const gpu_group*
     const std::uint64_t ws = o.working_set_mib
                                  ? std::min<std::uint64_t>(std::uint64_t{o.working_set_mib} << 20, storage_bytes)
                                  : storage_bytes;
-    const bool node = g != nullptr && g->shared_cache != nullptr;
-    if (node)
+    const bool node = g != nullptr && (g->shared_cache != nullptr || !g->group.empty());
+    if (g != nullptr && !g->group.empty()) {
+      bam::page_cache_config cfg{.page_size = o.io_size,
+                                 .capacity = (o.cache_mib << 20) * static_cast<std::size_t>(g->count),
+                                 .device = g->index};
+      cfg.group = {.name = g->group, .rank = g->index, .size = g->count};
+      cache.emplace(cfg);
+    } else if (node)
       cache.emplace(*g->shared_cache);
     else
       cache.emplace(bam::page_cache_config{.page_size = o.io_size, .capacity = o.cache_mib << 20});
@@ -307,8 +362,9 @@ run_result run_device(const options& o, const std::string& dev, const gpu_group*
     const std::uint64_t warps = threads / 32;
     bam::device_buffer<std::uint32_t> scratch(o.mode == "range" ? warps * (o.io_size / 4) : 1);
     j["cache_bytes"] = cache->slot_count() * o.io_size;
-    j["cache"] = node ? "one cache spread over " + std::to_string(cache->devices().size()) + " GPUs"
-                      : std::string("a cache per GPU");
+    j["cache"] = !node              ? std::string("a cache per GPU")
+                 : g->group.empty() ? "one cache spread over " + std::to_string(cache->devices().size()) + " GPUs"
+                                    : "one cache shared by " + std::to_string(g->count) + " processes, one GPU each";
     j["working_set_bytes"] = ws;
     const bool gather = o.mode == "gather";
     // Pages a launch visits: one per warp and op, or one per lane (gather).
@@ -368,11 +424,15 @@ run_result run_device(const options& o, const std::string& dev, const gpu_group*
 
 //! `dev` on GPUs 0 .. n-1 at once, a host thread and a storage and cache each:
 //! per-GPU figures and their sums.
+run_result run_device_in_processes(const options& o, const std::string& dev, int n);
+run_result combine(const std::vector<run_result>& per, int n, const std::string& how);
+
 run_result run_device_on_gpus(const options& o, const std::string& dev, int n) {
   int have = 0;
   BAM_CUDA_TRY(cudaGetDeviceCount(&have));
   if (n > have)
     throw std::runtime_error("--gpus " + std::to_string(n) + ": this machine has " + std::to_string(have) + " GPU(s)");
+  if (o.processes) return run_device_in_processes(o, dev, n);
   std::barrier<> barrier(n);
   std::vector<double> times(static_cast<std::size_t>(n));
   std::vector<run_result> per(static_cast<std::size_t>(n));
@@ -405,6 +465,105 @@ run_result run_device_on_gpus(const options& o, const std::string& dev, int n) {
   for (auto& t : threads)
     t.join();
   if (failed) std::rethrow_exception(failed);
+  return combine(per, n, "one host thread per GPU");
+}
+
+//! The command line this program was started with (--processes starts it again).
+std::vector<std::string> program_args;
+
+//! `dev` on GPUs 0 .. n-1 at once, one process each (this one is the first):
+//! per-GPU figures and their sums. With --node-cache the processes share
+//! one page cache (`page_cache_config::group`).
+run_result run_device_in_processes(const options& o, const std::string& dev, int n) {
+  static int runs = 0;
+  const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(runs++);
+  const int fd = ::memfd_create("block_bench-sync", 0); // inherited by the processes started below
+  if (fd < 0 || ::ftruncate(fd, sizeof(process_sync)) != 0) throw std::runtime_error("memfd for --processes");
+  void* mem = ::mmap(nullptr, sizeof(process_sync), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (mem == MAP_FAILED) throw std::runtime_error("mmap for --processes");
+  auto* ps = static_cast<process_sync*>(mem); // zeroes: a fresh barrier
+  struct cleanup {
+    void* mem;
+    int fd;
+    std::vector<std::string> outs;
+    ~cleanup() {
+      ::munmap(mem, sizeof(process_sync));
+      ::close(fd);
+      for (const auto& f : outs)
+        std::remove(f.c_str());
+    }
+  } own{mem, fd, {}};
+  const std::string group = o.node_cache && o.mode != "raw" ? "block_bench-" + tag : "-";
+  std::vector<pid_t> kids;
+  for (int k = 1; k < n; ++k) {
+    own.outs.push_back(
+        (std::filesystem::temp_directory_path() / ("block_bench-" + tag + "-" + std::to_string(k) + ".json")).string());
+    std::vector<std::string> args = program_args;
+    for (const std::string& x :
+         {std::string("--child-rank"), std::to_string(k), std::string("--child-of"), std::to_string(n),
+          std::string("--child-sync-fd"), std::to_string(fd), std::string("--child-device"), dev,
+          std::string("--child-out"), own.outs.back(), std::string("--child-group"), group})
+      args.push_back(x);
+    std::vector<char*> argv;
+    for (auto& x : args)
+      argv.push_back(x.data());
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    if (::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ) != 0) {
+      ps->failed.store(1);
+      for (const pid_t p : kids)
+        ::waitpid(p, nullptr, 0);
+      throw std::runtime_error("--processes: could not start process " + std::to_string(k));
+    }
+    kids.push_back(pid);
+  }
+  const gpu_group g{nullptr, nullptr, 0, n, nullptr, ps, group == "-" ? "" : group};
+  std::vector<run_result> per(static_cast<std::size_t>(n));
+  std::exception_ptr failed;
+  try {
+    BAM_CUDA_TRY(cudaSetDevice(0));
+    per[0] = run_device(o, dev, &g);
+  } catch (...) {
+    ps->failed.store(1);
+    failed = std::current_exception();
+  }
+  bool all_ok = true;
+  for (const pid_t p : kids) {
+    int st = 0;
+    ::waitpid(p, &st, 0);
+    all_ok = all_ok && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+  }
+  if (failed) std::rethrow_exception(failed);
+  if (!all_ok) throw std::runtime_error("--processes: a process of the run failed (its message is above)");
+  for (int k = 1; k < n; ++k) {
+    std::ifstream f(own.outs[static_cast<std::size_t>(k - 1)]);
+    per[static_cast<std::size_t>(k)].j = nlohmann::json::parse(f);
+  }
+  return combine(per, n, "one process per GPU");
+}
+
+//! A process started by --processes: its GPU's share of the run.
+int run_child(const options& o) {
+  void* mem = ::mmap(nullptr, sizeof(process_sync), PROT_READ | PROT_WRITE, MAP_SHARED, o.child_sync_fd, 0);
+  if (mem == MAP_FAILED) return 2;
+  auto* ps = static_cast<process_sync*>(mem);
+  seed_salt = 0x5851f42d4c957f2dull * static_cast<std::uint64_t>(o.child_rank);
+  const gpu_group g{nullptr, nullptr, o.child_rank, o.child_of, nullptr, ps, o.child_group == "-" ? "" : o.child_group};
+  try {
+    BAM_CUDA_TRY(cudaSetDevice(o.child_rank));
+    const run_result r = run_device(o, o.child_device, &g);
+    std::ofstream f(o.child_out);
+    f << r.j.dump() << "\n";
+    return f ? 0 : 1;
+  } catch (const std::exception& e) {
+    ps->failed.store(1);
+    std::fprintf(stderr, "block_bench: process %d: %s\n", o.child_rank, e.what());
+    return 1;
+  }
+}
+
+//! Per-GPU results of one run on `n` GPUs at once, and their sums.
+run_result combine(const std::vector<run_result>& per, int n, const std::string& how) {
   nlohmann::json j = per[0].j;
   nlohmann::json per_gpu = nlohmann::json::array();
   double ops = 0, gbs = 0, misses = 0;
@@ -443,8 +602,7 @@ run_result run_device_on_gpus(const options& o, const std::string& dev, int n) {
   }
   j["bad_words"] = bad;
   j["errors"] = errors;
-  j["concurrency"] = "one host thread per GPU; every repetition starts on all GPUs together; figures are per-GPU "
-                     "medians and their sums";
+  j["concurrency"] = how + "; every repetition starts on all GPUs together; figures are per-GPU medians and their sums";
   return {j, ops};
 }
 
@@ -611,7 +769,19 @@ int main(int argc, char** argv) {
   app.add_flag("--host-ceiling", o.host_ceiling,
                "with --gpus: after each GPU count, the zero-copy random gather from pinned host memory on as many GPUs "
                "at once (the ceiling of a medium in host memory), and each run's ratio to it");
+  app.add_flag("--processes", o.processes,
+               "with --gpus: one process per GPU (torchrun's layout) instead of one thread; with --node-cache they "
+               "share one page cache (page_cache_config::group)");
+  app.add_option("--child-rank", o.child_rank)->group("");
+  app.add_option("--child-of", o.child_of)->group("");
+  app.add_option("--child-sync-fd", o.child_sync_fd)->group("");
+  app.add_option("--child-device", o.child_device)->group("");
+  app.add_option("--child-out", o.child_out)->group("");
+  app.add_option("--child-group", o.child_group)->group("");
   CLI11_PARSE(app, argc, argv);
+  if (o.child_rank > 0) return run_child(o);
+  for (int i = 0; i < argc; ++i)
+    program_args.emplace_back(argv[i]);
   if (o.commit.empty()) o.commit = std::getenv("BAM_COMMIT") ? std::getenv("BAM_COMMIT") : "unknown";
   if (o.devices.empty())
     o.devices = {"emu-gpu:null=64G,queues=" + std::to_string(o.queues) + ",depth=" + std::to_string(o.depth) +

@@ -46,6 +46,24 @@
 //!    their pages whichever GPU attached them. The GPUs need peer access to
 //!    each other's memory (enabled here). In one process; arrays must start
 //!    on a page boundary, and files by extent map are not served.
+//!  - Several processes, one cache (`page_cache_config::group`): with one
+//!    process per GPU (torchrun's layout), every process builds the cache
+//!    with the same configuration and group name and its own rank. Each
+//!    makes the runs whose index modulo the group's size is its rank on
+//!    its own GPU and maps the others' runs (CUDA's shareable memory
+//!    handles, handed over Unix sockets of the host: abstract names, same
+//!    user only). The rest is as with several GPUs in one process: one copy
+//!    of a page in the job, misses loaded through the missing process's
+//!    own queues, media matched by `storage::medium` (shared media only:
+//!    `emu-gpu:shm=NAME`, a file, SSDs; up to 127 per group). Each process
+//!    writes back the dirty pages of the media it attached, whoever wrote
+//!    them (`flush`, eviction, at destruction); detaching an array leaves
+//!    its clean pages to the others. Counters count the process's own
+//!    kernels. A process that dies while its kernels pin pages leaves them
+//!    pinned: misses on their sets may then time out.
+//!  - A miss evicts dirty pages only of media its GPU has queues for: a
+//!    set full of another GPU's dirty pages waits for that GPU to write
+//!    them back (its flush or misses), within the deadline.
 //!  - After a timeout the cache's GPU memory outlives the cache: when a
 //!    slot was lost or a queue of a storage it served broke, the memory is
 //!    handed to every such storage still alive (`storage::quarantine`) and
@@ -63,6 +81,7 @@
 #include <bam/cuda.cuh>
 #include <bam/error.hpp>
 #include <bam/detail/device_memory.cuh>
+#include <bam/detail/process_group.hpp>
 #include <bam/detail/spread_memory.cuh>
 #include <bam/runtime/detail/page_cache_kernels.cuh>
 #include <bam/runtime/error_record.cuh>
@@ -90,6 +109,17 @@ struct page_cache_config {
   //! them (`device` is then ignored; the first of them runs the cache's own
   //! host work). See "Several GPUs, one cache" above.
   std::vector<int> devices;
+  //! Several processes, one cache (one process per GPU, e.g. under
+  //! torchrun): every process of the job builds the cache with the same
+  //! configuration, the same `group.name` and its own `group.rank`; each
+  //! brings the slots of its own GPU (`device`). See "Several processes,
+  //! one cache" above.
+  struct group_config {
+    std::string name; //!< empty: no group. Unique on the host while the job runs (e.g. from the job's store)
+    int rank = 0;     //!< this process's place, 0 .. size - 1
+    int size = 0;     //!< processes in the group
+    std::uint64_t timeout_ms = 120000; //!< how long building the cache waits for the other processes
+  } group;
 };
 
 //! Misses and write-backs so far.
@@ -115,8 +145,12 @@ inline std::uint64_t spread_run_slots(std::size_t granularity) { return granular
 class cache_state {
 public:
   explicit cache_state(const page_cache_config& cfg) : cfg_(cfg) {
-    devices_ =
-        cfg.devices.size() >= 2 ? cfg.devices : std::vector<int>{cfg.device >= 0 ? cfg.device : current_device()};
+    group_ = !cfg.group.name.empty();
+    if (group_ && !cfg.devices.empty())
+      throw error::invalid_input("page_cache: a cache of several processes (group) takes its GPU from `device`, "
+                                 "not `devices`: each process brings its own");
+    devices_ = cfg.devices.size() >= 2 && !group_ ? cfg.devices
+                                                  : std::vector<int>{cfg.device >= 0 ? cfg.device : current_device()};
     device_ = devices_[0];
     caller_ = device_;
     cfg_.device = device_;
@@ -138,7 +172,9 @@ public:
     while ((std::size_t{1} << p) < cfg.page_size)
       ++p;
     page_shift_ = p;
-    if (devices_.size() == 1) {
+    if (group_) {
+      build_group_memory();
+    } else if (devices_.size() == 1) {
       // Aligned and sized for any transport (64 KiB GPU pages for nvidia_p2p).
       data_ = aligned_device_memory(nslots * cfg.page_size, gpu_page_size);
       slots_ = device_buffer<std::uint64_t>(nslots);
@@ -158,9 +194,13 @@ public:
       data_bytes_ = spread_data_->size();
       slots_ptr_ = reinterpret_cast<std::uint64_t*>(spread_slots_->data());
     }
-    // Touched by misses only: on the first GPU, reached by the others as peers.
-    status_ = device_buffer<std::uint16_t>(nslots);
-    sets_ = device_buffer<cache_set>(nslots / cfg.ways);
+    if (!group_) {
+      // Touched by misses only: on the first GPU, reached by the others as peers.
+      status_ = device_buffer<std::uint16_t>(nslots);
+      sets_ = device_buffer<cache_set>(nslots / cfg.ways);
+      status_ptr_ = status_.get();
+      sets_ptr_ = sets_.get();
+    }
     for (const int d : devices_) {
       const device_scope here(d);
       spaces_.emplace_back(max_spaces);
@@ -221,8 +261,8 @@ public:
 
   //! The handle for kernels on the cache's `i`-th device.
   page_cache_ref ref(std::size_t i = 0) const {
-    return page_cache_ref(data_ptr_, slots_ptr_, status_.get(), sets_.get(), spaces_.at(i).get(), counters_.at(i).get(),
-                          nslots_, nslots_ / cfg_.ways, cfg_.ways, page_shift_, cfg_.timeout_ns, devices_.size() > 1);
+    return page_cache_ref(data_ptr_, slots_ptr_, status_ptr_, sets_ptr_, spaces_.at(i).get(), counters_.at(i).get(),
+                          nslots_, nslots_ / cfg_.ways, cfg_.ways, page_shift_, cfg_.timeout_ns, spread());
   }
   const page_cache_config& config() const { return cfg_; }
   std::uint64_t slot_count() const { return nslots_; }
@@ -237,10 +277,20 @@ public:
       list += (list.empty() ? "" : ", ") + std::to_string(x);
     throw error("page_cache: CUDA device " + std::to_string(d) + " is not one of the cache's devices (" + list + ")");
   }
-  //! The CUDA device that holds slot `slot`'s page.
+  //! The CUDA device that holds slot `slot`'s page (-1: another process's GPU).
   int slot_device(std::uint64_t slot) const {
-    return devices_.size() == 1 ? device_ : devices_[(slot / run_slots_) % devices_.size()];
+    if (group_) return slot_part(slot) == static_cast<std::size_t>(cfg_.group.rank) ? device_ : -1;
+    return devices_.size() == 1 ? device_ : devices_[slot_part(slot)];
   }
+  //! Whose memory holds slot `slot`'s page: the index of its GPU in
+  //! `devices`, or the rank of its process in a group.
+  std::size_t slot_part(std::uint64_t slot) const {
+    const std::size_t parts = group_ ? static_cast<std::size_t>(cfg_.group.size) : devices_.size();
+    return parts == 1 ? 0 : static_cast<std::size_t>((slot / run_slots_) % parts);
+  }
+  //! Pages spread over several GPUs (of this process or of a group).
+  bool spread() const { return devices_.size() > 1 || group_; }
+  bool grouped() const { return group_; }
 
   //! Attach `npages` pages of an array at `start_lba` (on every controller of `s`).
   array_binding attach(const storage& s, std::uint64_t start_lba, std::uint64_t npages, cudaStream_t stream) {
@@ -283,7 +333,7 @@ public:
                   c);
     }
     const bool aligned = start_lba % bpp == 0;
-    if (!aligned && devices_.size() > 1)
+    if (!aligned && spread())
       throw error("page_cache: on a cache over several GPUs an array starts on a page boundary (LBA " +
                   std::to_string(start_lba) + " is not a multiple of " + std::to_string(bpp) + " blocks)");
     const std::uint64_t lo = start_lba, hi = start_lba + per_ctrl_pages * bpp;
@@ -303,8 +353,20 @@ public:
     array_binding b;
     std::uint32_t id = max_spaces;
     if (aligned) {
-      for (std::uint32_t i = 0; i < max_spaces; ++i)
-        if (host_spaces_[i].used && host_spaces_[i].shared && same_medium(host_spaces_[i], s)) id = i;
+      std::uint32_t want = max_spaces;
+      if (group_) {
+        // The medium's number in the whole group: every process keys its pages alike.
+        const std::string m = s.medium();
+        if (m.rfind("storage@", 0) == 0)
+          throw error("page_cache: a cache shared by several processes serves storages on a shared medium "
+                      "(emu-gpu:shm=NAME, emu:file=PATH, SSDs); " +
+                      where + " is this process's alone");
+        want = directory_.number(m, std::chrono::milliseconds(cfg_.group.timeout_ms));
+        if (host_spaces_[want].used) id = want;
+      } else {
+        for (std::uint32_t i = 0; i < max_spaces; ++i)
+          if (host_spaces_[i].used && host_spaces_[i].shared && same_medium(host_spaces_[i], s)) id = i;
+      }
       const std::uint64_t space_pages = blocks / bpp * nctrl;
       if (space_pages > key_page_mask)
         throw error("page_cache: " + where + " holds " + std::to_string(space_pages) + " pages of " +
@@ -312,7 +374,7 @@ public:
                     " bytes; a cache addresses at most 2^34 pages per storage: "
                     "use larger pages");
       if (id == max_spaces)
-        id = new_space(s, true, 0, space_pages, bpp, stream);
+        id = new_space(s, true, 0, space_pages, bpp, stream, nullptr, want);
       else if (!host_spaces_[id].storage[dev])
         add_storage(id, s, stream);    // the first array of this medium on this GPU
       host_spaces_[id].zombie = false; // an array over its pages again: they get written back as usual
@@ -337,7 +399,7 @@ public:
     std::lock_guard lock(mutex_);
     caller_ = device_;
     const std::string where = s.name();
-    if (devices_.size() > 1)
+    if (spread())
       throw error("page_cache: arrays over a file's extent map are not served by a cache over several GPUs");
     (void)device_index(s.device());
     if (s.controller_count() != 1)
@@ -373,7 +435,8 @@ public:
       forget();
       return;
     }
-    writeback_locked(b.space, true, stream);
+    // A group's other processes may still read the pages: they stay.
+    writeback_locked(b.space, !group_, stream);
     try {
       throw_space_error(b.space,
                         "page cache write-back on detach failed (the dirty pages stay in the cache; "
@@ -412,7 +475,7 @@ public:
       try {
         throw_space_error(id, "page cache write-back failed", stream);
         if (host_spaces_[id].zombie) { // its pages reached the storage at last
-          writeback_locked(id, true, stream);
+          writeback_locked(id, !group_, stream);
           release_space(id, stream);
         }
       } catch (const error& e) {
@@ -518,10 +581,12 @@ private:
   };
 
   std::uint32_t new_space(const storage& s, bool shared, std::uint64_t base_lba, std::uint64_t npages,
-                          std::uint32_t bpp, cudaStream_t stream, const extent_map_ref* file = nullptr) {
-    std::uint32_t id = 0;
-    while (id < max_spaces && host_spaces_[id].used)
-      ++id;
+                          std::uint32_t bpp, cudaStream_t stream, const extent_map_ref* file = nullptr,
+                          std::uint32_t want = max_spaces) {
+    std::uint32_t id = want;
+    if (id == max_spaces)
+      for (id = 0; id < max_spaces && host_spaces_[id].used;)
+        ++id;
     if (id == max_spaces) throw error("page_cache: too many arrays with pages of their own (127)");
     space_host& sp = host_spaces_[id];
     sp.storage.assign(devices_.size(), std::nullopt);
@@ -682,6 +747,76 @@ private:
     }
   }
 
+  //! A group's memory: this process's runs of state words and pages (and,
+  //! on rank 0, the sets, statuses and the directory of media), handed to
+  //! the other processes, theirs taken from them.
+  void build_group_memory() {
+    const auto& g = cfg_.group;
+    if (g.size < 1 || g.rank < 0 || g.rank >= g.size)
+      throw error::invalid_input("page_cache: group '" + g.name + "' of " + std::to_string(g.size) +
+                                 " processes has no rank " + std::to_string(g.rank));
+    const std::size_t gran = std::max(gpu_page_size, spread_granularity(device_));
+    run_slots_ = spread_run_slots(gran);
+    const spread_device_memory::group_part part{static_cast<std::size_t>(g.size), static_cast<std::size_t>(g.rank),
+                                                device_};
+    spread_slots_ = std::make_shared<spread_device_memory>(nslots_ * sizeof(std::uint64_t),
+                                                           run_slots_ * sizeof(std::uint64_t), part);
+    spread_data_ = std::make_shared<spread_device_memory>(nslots_ * cfg_.page_size, run_slots_ * cfg_.page_size, part);
+    // Sets, then statuses: one run, made by rank 0.
+    const std::size_t sets_bytes = (nslots_ / cfg_.ways * sizeof(cache_set) + 255) / 256 * 256;
+    const std::size_t meta_bytes = sets_bytes + nslots_ * sizeof(std::uint16_t);
+    group_meta_ = std::make_shared<spread_device_memory>(meta_bytes, (meta_bytes + gran - 1) / gran * gran, part);
+    if (g.rank == 0) directory_ = group_directory::create(g.name);
+
+    // Files of rank r, in order: [the directory (rank 0)], state-word runs, page runs, [sets and statuses (rank 0)].
+    spread_device_memory* const parts[] = {spread_slots_.get(), spread_data_.get(), group_meta_.get()};
+    auto files_of = [&](int r) {
+      std::size_t n = r == 0 ? 1 : 0;
+      for (auto* m : parts)
+        n += m->runs_of(static_cast<std::size_t>(r));
+      return n;
+    };
+    // File i of rank r: (-1, 0) the directory, else (object, run).
+    auto which = [&](int r, std::size_t i) -> std::pair<int, std::size_t> {
+      if (r == 0) {
+        if (i == 0) return {-1, 0};
+        --i;
+      }
+      for (int o = 0; o < 3; ++o) {
+        const std::size_t n = parts[o]->runs_of(static_cast<std::size_t>(r));
+        if (i < n) return {o, static_cast<std::size_t>(r) + i * static_cast<std::size_t>(g.size)};
+        i -= n;
+      }
+      throw error("page_cache: group file " + std::to_string(i) + " of rank " + std::to_string(r) + " out of range");
+    };
+    const std::string description = "pages of " + std::to_string(cfg_.page_size) + " B, " + std::to_string(nslots_) +
+                                    " slots, " + std::to_string(cfg_.ways) + " ways, runs of " +
+                                    std::to_string(run_slots_) + " slots, " + std::to_string(g.size) + " processes";
+    detail::group_spec spec{g.name, g.rank, g.size, std::chrono::milliseconds(g.timeout_ms)};
+    exchange_files(
+        spec, description, files_of(g.rank),
+        [&](std::size_t i) {
+          const auto [o, k] = which(g.rank, i);
+          if (o < 0) return ::dup(directory_.file());
+          return parts[o]->export_run(k);
+        },
+        files_of,
+        [&](int r, std::size_t i, int fd) {
+          const auto [o, k] = which(r, i);
+          if (o < 0)
+            directory_ = group_directory::open(fd, g.name);
+          else
+            parts[o]->import_run(k, fd);
+        });
+    for (auto* m : parts)
+      m->grant({device_});
+    data_ptr_ = spread_data_->data();
+    data_bytes_ = spread_data_->size();
+    slots_ptr_ = reinterpret_cast<std::uint64_t*>(spread_slots_->data());
+    sets_ptr_ = reinterpret_cast<cache_set*>(group_meta_->data());
+    status_ptr_ = reinterpret_cast<std::uint16_t*>(group_meta_->data() + sets_bytes);
+  }
+
   //! Pages a timed-out command may still write, with the mappings of them:
   //! the mappings are undone before the pages are freed.
   struct quarantined_pages {
@@ -810,7 +945,12 @@ private:
   device_buffer<std::uint64_t> slots_; // one GPU
   device_buffer<std::uint16_t> status_;
   device_buffer<cache_set> sets_;
-  std::vector<device_buffer<space_ref>> spaces_;            //!< by device index: the table its kernels read
+  std::shared_ptr<spread_device_memory> group_meta_; // a group: sets and statuses, on rank 0's GPU
+  std::uint16_t* status_ptr_ = nullptr;
+  cache_set* sets_ptr_ = nullptr;
+  bool group_ = false;                           //!< one cache of several processes (`page_cache_config::group`)
+  group_directory directory_;                    //!< a group: the number of each medium
+  std::vector<device_buffer<space_ref>> spaces_; //!< by device index: the table its kernels read
   std::vector<device_buffer<unsigned long long>> counters_; //!< by device index
   std::vector<space_host> host_spaces_;                     // holds the mappings: destroyed before data_
   std::vector<std::weak_ptr<storage_state>> served_;        // storages these pages served
@@ -826,6 +966,8 @@ private:
 //! arrays keep it alive.
 class page_cache {
 public:
+  //! Build the cache (a group: together with the group's other processes,
+  //! waiting for them at most `group.timeout_ms`).
   explicit page_cache(const page_cache_config& cfg) : s_(std::make_shared<detail::cache_state>(cfg)) {}
 
   //! The handle for kernels on the cache's device (on a cache over several
@@ -839,8 +981,12 @@ public:
   int device() const { return s_->device(); }
   //! The CUDA devices the pages are spread over (one for most caches).
   const std::vector<int>& devices() const { return s_->devices(); }
-  //! The CUDA device whose memory holds slot `slot`'s page (its home).
+  //! The CUDA device whose memory holds slot `slot`'s page (its home; -1:
+  //! the GPU of another process of the group).
   int slot_device(std::uint64_t slot) const { return s_->slot_device(slot); }
+  //! The index in `config().devices` of that GPU, or the rank of the
+  //! process whose GPU it is (a group).
+  std::size_t slot_part(std::uint64_t slot) const { return s_->slot_part(slot); }
   //! GPU memory held by metadata (state words, statuses, sets, space table, counters).
   std::size_t metadata_bytes() const {
     return slot_count() * (sizeof(std::uint64_t) + sizeof(std::uint16_t)) +

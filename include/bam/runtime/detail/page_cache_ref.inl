@@ -302,7 +302,11 @@ BAM_DEVICE inline bool page_cache_ref::claim_victim(detail::page_request& r) con
       continue;
     }
     if ((word & slot_valid) && (word & slot_dirty)) {
-      if (dirty < 0) dirty = static_cast<std::int64_t>(s);
+      // A page of a medium without queues on this GPU: its own GPU writes it back.
+      if (spaces_[((word >> slot_tag_shift) - 1) >> key_page_bits].ctrls == nullptr)
+        waitable = true;
+      else if (dirty < 0)
+        dirty = static_cast<std::int64_t>(s);
       continue;
     }
     if (st.compare_exchange_strong(word, (tag << slot_tag_shift) | slot_busy | 1ull, cuda::memory_order_acq_rel)) {
