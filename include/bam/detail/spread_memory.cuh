@@ -217,7 +217,9 @@ private:
     mapped_.assign(runs, 0);
     handles_.assign(runs, 0);
     CUdeviceptr base = 0;
-    vmm_try(vmm_api::get().reserve(&base, reserved_, run_bytes_, 0, 0),
+    // Runs aligned to their size where that is a power of two (else to the granularity).
+    const std::size_t align = (run_bytes_ & (run_bytes_ - 1)) == 0 ? run_bytes_ : 0;
+    vmm_try(vmm_api::get().reserve(&base, reserved_, align, 0, 0),
             "reserving " + std::to_string(reserved_) + " bytes of GPU address space");
     base_ = base;
   }
