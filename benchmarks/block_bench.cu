@@ -493,7 +493,7 @@ run_result run_device_in_processes(const options& o, const std::string& dev, int
         std::remove(f.c_str());
     }
   } own{mem, fd, {}};
-  const std::string group = o.node_cache && o.mode != "raw" ? "block_bench-" + tag : "-";
+  const std::string group = o.node_cache && o.mode != "raw" && n > 1 ? "block_bench-" + tag : "-";
   std::vector<pid_t> kids;
   for (int k = 1; k < n; ++k) {
     own.outs.push_back(

@@ -278,14 +278,29 @@ inline void exchange_files(const group_spec& g, const std::string& description, 
     throw error("listen for " + who(g, g.rank), e);
   }
 
-  // Serve the other ranks, one connection each, while this thread fetches theirs.
+  // Serve the other ranks, one connection each, while this thread fetches
+  // theirs. The first failure is the one reported (the other side's often
+  // follows from it: a rank that fails stops serving).
   std::exception_ptr served_error;
+  std::atomic<int> first_failure{0}; // 1: serving, 2: fetching
   std::thread server([&] {
     try {
       std::vector<bool> seen(static_cast<std::size_t>(g.size), false);
       for (int done = 0; done < g.size - 1; ++done) {
-        const std::string waiting = "waiting for the other ranks of page cache group '" + g.name + "' to connect";
-        wait_for(listener.fd, POLLIN, deadline, waiting);
+        try {
+          wait_for(listener.fd, POLLIN, deadline, "waiting for the other ranks of page cache group '" + g.name + "'");
+        } catch (const error&) {
+          std::string missing;
+          int k = 0;
+          for (int r = 0; r < g.size; ++r)
+            if (r != g.rank && !seen[static_cast<std::size_t>(r)]) {
+              missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+              ++k;
+            }
+          throw error((k == 1 ? "rank " : "ranks ") + missing + " of page cache group '" + g.name +
+                      "' did not appear within " + std::to_string(g.timeout.count()) +
+                      " ms (is every rank of the job building the cache, with the same group name?)");
+        }
         owned_fd c(::accept4(listener.fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
         if (c.fd < 0) {
           if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) {
@@ -338,6 +353,8 @@ inline void exchange_files(const group_spec& g, const std::string& description, 
       }
     } catch (...) {
       served_error = std::current_exception();
+      int none = 0;
+      first_failure.compare_exchange_strong(none, 1);
     }
   });
 
@@ -352,6 +369,7 @@ inline void exchange_files(const group_spec& g, const std::string& description, 
       for (;;) { // until rank r listens
         s = owned_fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
         if (::connect(s.fd, reinterpret_cast<const sockaddr*>(&there), len) == 0) break;
+        if (first_failure.load() == 1) throw error(who(g, g.rank) + " stopped: serving the others failed");
         if (errno != ECONNREFUSED && errno != ENOENT && errno != EAGAIN && errno != EINTR) {
           error_context e;
           e.errnum = errno;
@@ -392,10 +410,13 @@ inline void exchange_files(const group_spec& g, const std::string& description, 
     }
   } catch (...) {
     fetched_error = std::current_exception();
+    int none = 0;
+    first_failure.compare_exchange_strong(none, 2);
     // Stop serving: the others see this rank's connection close.
     ::shutdown(listener.fd, SHUT_RDWR);
   }
   server.join();
+  if (first_failure.load() == 1 && served_error) std::rethrow_exception(served_error);
   if (fetched_error) std::rethrow_exception(fetched_error);
   if (served_error) std::rethrow_exception(served_error);
 }
