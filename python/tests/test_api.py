@@ -133,6 +133,8 @@ def _bad_calls(s):
         lambda: bam.read_async("emu:ram=1M", 0, 8),
         lambda: s.read(True, 8),
         lambda: bam.PageCache(page_size="4k"),
+        lambda: bam.PageCache(group=("job", 0, 2)),
+        lambda: bam.CacheGroup("job", "0", 2),
         lambda: bam.Array(None, 5, (10, 4)),
         lambda: bam.Array(None, s, "10"),
         lambda: bam.Array(None, s, (10, 4), offset="0"),
@@ -149,6 +151,28 @@ def test_bad_arguments_raise_type_errors_naming_public_types(image):
         assert msg.startswith("bam."), (i, msg)
     with pytest.raises(TypeError, match=r"bam\.read: storage must be a bam\.Storage or a device string, got int"):
         bam.read(3, 0, 10)
+
+
+def test_cache_groups_check_their_place_and_say_what_is_wrong():
+    g = bam.CacheGroup("job-7", 1, 4, timeout=5.0)
+    assert (g.name, g.rank, g.size, g.timeout) == ("job-7", 1, 4, 5.0)
+    for bad, what in [
+        (lambda: bam.CacheGroup("", 0, 2), "non-empty"),
+        (lambda: bam.CacheGroup("job", 2, 2), "rank 2 is not one of 0..1"),
+        (lambda: bam.CacheGroup("job", 0, 0), "rank 0 is not one of"),
+        (lambda: bam.CacheGroup("job", -1, 2), "negative"),
+        (lambda: bam.CacheGroup("job", 0, 2, timeout=0), "timeout 0 must be positive"),
+    ]:
+        with pytest.raises(ValueError, match=what):
+            bad()
+
+
+def test_a_cache_group_from_torch_needs_a_running_job():
+    torch = pytest.importorskip("torch")
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        pytest.skip("a process group is already running here")
+    with pytest.raises(bam.Error, match="init_process_group first"):
+        bam.CacheGroup.from_torch()
 
 
 def test_public_classes_are_the_packages_own():

@@ -46,6 +46,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Array",
     "Error",
+    "CacheGroup",
     "PageCache",
     "RowIndexError",
     "Storage",
@@ -691,12 +692,71 @@ def _require_gpu() -> None:
         raise Error("bam: " + why)
 
 
+@dataclass(frozen=True)
+class CacheGroup:
+    """The processes of one host that share one page cache, one process per GPU
+    (``torchrun``'s layout): ``name`` is the same in all of them and unique on the
+    host while the job runs, ``rank`` is this process's place (0 to ``size`` - 1).
+    Building the cache waits up to ``timeout`` seconds for the others.
+
+    Under ``torch.distributed``, :meth:`from_torch` makes one from the job itself."""
+
+    name: str
+    rank: int
+    size: int
+    timeout: float = 120.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError("bam.CacheGroup: name must be a non-empty string")
+        rank = _count("bam.CacheGroup", "rank", self.rank)
+        size = _count("bam.CacheGroup", "size", self.size)
+        if size == 0 or rank >= size:
+            raise ValueError(f"bam.CacheGroup: rank {rank} is not one of 0..{size - 1} (size {size})")
+        if not self.timeout > 0:
+            raise ValueError(f"bam.CacheGroup: timeout {self.timeout} must be positive (seconds)")
+
+    @staticmethod
+    def from_torch(timeout: float = 120.0) -> "CacheGroup":
+        """The processes of this host in the running ``torch.distributed`` job: rank and
+        size from ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` (set by ``torchrun``), a name
+        drawn by global rank 0 and broadcast to every process (a collective: every
+        process of the job calls it)."""
+        try:
+            import torch.distributed as dist
+        except ImportError:
+            raise Error("bam.CacheGroup.from_torch needs torch (pip install torch)") from None
+        if not dist.is_available() or not dist.is_initialized():
+            raise Error("bam.CacheGroup.from_torch: call torch.distributed.init_process_group first")
+        missing = [v for v in ("LOCAL_RANK", "LOCAL_WORLD_SIZE") if v not in os.environ]
+        if missing:
+            raise Error(
+                "bam.CacheGroup.from_torch: " + " and ".join(missing) + " not set (start the job with torchrun, "
+                "or build bam.CacheGroup(name, rank, size) yourself)"
+            )
+        import secrets
+
+        token = [secrets.token_hex(8) if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(token, src=0)
+        return CacheGroup(
+            "torch-" + str(token[0]), int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"]), timeout
+        )
+
+
 class PageCache:
     """A page cache in GPU memory (``bam::page_cache``): ``capacity`` bytes of pages of
     ``page_size`` bytes (a power of two, 512 to 65536), ``ways`` slots per set.
-    Without a CUDA GPU it raises :class:`bam.Error` ("no CUDA GPU")."""
+    Without a CUDA GPU it raises :class:`bam.Error` ("no CUDA GPU").
 
-    def __init__(self, page_size: int = 4096, capacity: int = 256 << 20, ways: int = 8) -> None:
+    With ``group`` (a :class:`CacheGroup`), the processes of the group build one cache
+    together: each brings ``capacity`` bytes of its own GPU's memory, a page is held once
+    for all of them, and arrays over a shared medium (``emu-gpu:shm=NAME``, a file,
+    SSDs) share their pages. Every process of the group must build it, with the same
+    arguments."""
+
+    def __init__(
+        self, page_size: int = 4096, capacity: int = 256 << 20, ways: int = 8, group: Optional[CacheGroup] = None
+    ) -> None:
         page_size = _count("bam.PageCache", "page_size", page_size)
         capacity = _count("bam.PageCache", "capacity", capacity)
         ways = _count("bam.PageCache", "ways", ways)
@@ -708,8 +768,16 @@ class PageCache:
             raise ValueError(
                 f"bam.PageCache: capacity {capacity} holds no set of {ways} pages of {page_size} bytes"
             )
+        if group is not None and not isinstance(group, CacheGroup):
+            raise TypeError(f"bam.PageCache: group must be a bam.CacheGroup, got {_type_name(group)}")
         _require_gpu()
-        self._cache = _core._PageCache(page_size, capacity, ways)
+        if group is None:
+            self._cache = _core._PageCache(page_size, capacity, ways)
+        else:
+            self._cache = _core._PageCache(
+                page_size, capacity * group.size, ways, group.name, group.rank, group.size, int(group.timeout * 1000)
+            )
+        self._group = group
         self._page_size = page_size
         self._capacity = capacity
         self._ways = ways
@@ -722,8 +790,13 @@ class PageCache:
 
     @property
     def capacity(self) -> int:
-        """Bytes of GPU memory the pages take."""
+        """Bytes of GPU memory the pages take (in a group: on this process's GPU)."""
         return self._capacity
+
+    @property
+    def group(self) -> Optional[CacheGroup]:
+        """The processes sharing the cache, or None."""
+        return self._group
 
     @property
     def ways(self) -> int:
@@ -732,7 +805,7 @@ class PageCache:
 
     @property
     def slots(self) -> int:
-        """Pages the cache holds."""
+        """Pages the cache holds (in a group: the whole group's)."""
         return int(self._cache.slot_count)
 
     @property

@@ -56,7 +56,16 @@ class _Storage:
     def __repr__(self) -> str: ...
 
 class _PageCache:
-    def __init__(self, page_size: int, capacity: int, ways: int) -> None: ...
+    def __init__(
+        self,
+        page_size: int,
+        capacity: int,
+        ways: int,
+        group_name: str = "",
+        group_rank: int = 0,
+        group_size: int = 0,
+        group_timeout_ms: int = 120000,
+    ) -> None: ...
     @property
     def page_size(self) -> int: ...
     @property

@@ -84,12 +84,17 @@ struct gpu_cache_state {
   bam::page_cache cache;
 };
 
-gpu_cache::gpu_cache(std::size_t page_size, std::size_t capacity, std::uint32_t ways) {
+gpu_cache::gpu_cache(std::size_t page_size, std::size_t capacity, std::uint32_t ways, const std::string& group_name,
+                     int group_rank, int group_size, std::uint64_t group_timeout_ms) {
   require_gpu();
   page_cache_config c;
   c.page_size = page_size;
   c.capacity = capacity;
   c.ways = ways;
+  c.group.name = group_name;
+  c.group.rank = group_rank;
+  c.group.size = group_size;
+  c.group.timeout_ms = group_timeout_ms;
   state = std::make_shared<gpu_cache_state>(c);
 }
 std::size_t gpu_cache::page_size() const { return state->cache.page_size(); }

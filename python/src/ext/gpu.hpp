@@ -59,7 +59,9 @@ struct cache_counters {
 //! `bam::page_cache`.
 class gpu_cache {
 public:
-  gpu_cache(std::size_t page_size, std::size_t capacity, std::uint32_t ways);
+  //! `group_name` non-empty: one cache shared by `group_size` processes (`page_cache_config::group`).
+  gpu_cache(std::size_t page_size, std::size_t capacity, std::uint32_t ways, const std::string& group_name,
+            int group_rank, int group_size, std::uint64_t group_timeout_ms);
   std::size_t page_size() const;
   std::uint64_t slot_count() const;
   cache_counters counters(std::uintptr_t stream) const;

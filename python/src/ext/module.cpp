@@ -582,8 +582,9 @@ NB_MODULE(_core, m) {
       });
 
   nb::class_<gpu_cache>(m, "_PageCache")
-      .def(nb::init<std::size_t, std::size_t, std::uint32_t>(), "page_size"_a, "capacity"_a, "ways"_a,
-           nb::call_guard<nb::gil_scoped_release>())
+      .def(nb::init<std::size_t, std::size_t, std::uint32_t, const std::string&, int, int, std::uint64_t>(),
+           "page_size"_a, "capacity"_a, "ways"_a, "group_name"_a = "", "group_rank"_a = 0, "group_size"_a = 0,
+           "group_timeout_ms"_a = 120000, nb::call_guard<nb::gil_scoped_release>())
       .def_prop_ro("page_size", &gpu_cache::page_size)
       .def_prop_ro("slot_count", &gpu_cache::slot_count)
       .def(
