@@ -269,3 +269,53 @@ TEST_CASE("a cache over two GPUs refuses what it cannot serve, with the reason",
   CHECK(check_on(a0, 0, 1024, 5).bad == 0);
   CHECK(check_on(r1, 0, 1024, 6).bad == 0);
 }
+
+TEST_CASE("a cache over two GPUs: a GPU leaves dirty pages of a medium it has not attached to the GPU that has",
+          "[node-cache][gpu]") {
+  if (gpu_count() < 2) SKIP("this test needs 2 GPUs; " << gpu_count() << " found");
+  if (!peers(0, 1)) SKIP("GPUs 0 and 1 have no peer access");
+  scratch_name nx, ny;
+  constexpr std::uint64_t words = (64ull << 20) / 4; // 64 MiB each: four times the cache
+  bam::page_cache cache({.page_size = page_bytes,
+                         .capacity = cache_bytes,
+                         .timeout_ns = 200'000'000, // the wait below ends in a timeout: keep it short
+                         .devices = {0, 1}});
+  bam::storage x("emu-gpu:shm=" + nx.name + ",size=" + std::to_string(words * 4), {.device = 0});
+  bam::storage y("emu-gpu:shm=" + ny.name + ",size=" + std::to_string(words * 4), {.device = 1});
+  bam::array<std::uint32_t> ax(cache, x, words); // medium X: GPU 0 only
+  bam::array<std::uint32_t> ay(cache, y, words); // medium Y: GPU 1 only
+  {
+    const bam::device_scope on(1);
+    write_table<<<grid_blocks, block_threads>>>(ay.ref(), 0, words, 32);
+    BAM_CUDA_TRY(cudaGetLastError());
+    BAM_CUDA_TRY(cudaDeviceSynchronize());
+    ay.check();
+  }
+  cache.flush();
+  {
+    // Every slot ends up holding a dirty page of X, which GPU 1 has no queues to write.
+    const bam::device_scope on(0);
+    write_table<<<grid_blocks, block_threads>>>(ax.ref(), 0, words, 31);
+    BAM_CUDA_TRY(cudaGetLastError());
+    BAM_CUDA_TRY(cudaDeviceSynchronize());
+    ax.check();
+  }
+  // GPU 1's misses find no victim it may take: they wait, and fail after the
+  // deadline, leaving X's pages alone (writing them through GPU 1's table,
+  // which has no queues for X, would fault).
+  std::string why;
+  try {
+    (void)check_on(ay, 0, 4096, 32);
+  } catch (const bam::error& e) {
+    why = e.what();
+  }
+  INFO(why);
+  CHECK(why.find("imeout") != std::string::npos);
+  // GPU 0 writes them back; then GPU 1 reads Y, and X holds what GPU 0 wrote.
+  cache.flush();
+  const tally ty = check_on(ay, 0, words, 32);
+  CHECK(ty.done == words);
+  CHECK(ty.bad == 0);
+  const tally tx = check_on(ax, 0, words, 31);
+  CHECK(tx.bad == 0);
+}
