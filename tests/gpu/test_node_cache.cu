@@ -276,9 +276,11 @@ TEST_CASE("a cache over two GPUs: a GPU leaves dirty pages of a medium it has no
   if (!peers(0, 1)) SKIP("GPUs 0 and 1 have no peer access");
   scratch_name nx, ny;
   constexpr std::uint64_t words = (64ull << 20) / 4; // 64 MiB each: four times the cache
+  // One way per set: once GPU 0 has written X, almost every set holds one dirty page of X.
   bam::page_cache cache({.page_size = page_bytes,
                          .capacity = cache_bytes,
-                         .timeout_ns = 200'000'000, // the wait below ends in a timeout: keep it short
+                         .ways = 1,
+                         .timeout_ns = 200'000'000, // the waits below end in a timeout: keep it short
                          .devices = {0, 1}});
   bam::storage x("emu-gpu:shm=" + nx.name + ",size=" + std::to_string(words * 4), {.device = 0});
   bam::storage y("emu-gpu:shm=" + ny.name + ",size=" + std::to_string(words * 4), {.device = 1});
@@ -293,7 +295,7 @@ TEST_CASE("a cache over two GPUs: a GPU leaves dirty pages of a medium it has no
   }
   cache.flush();
   {
-    // Every slot ends up holding a dirty page of X, which GPU 1 has no queues to write.
+    // The sets end up holding dirty pages of X, which GPU 1 has no queues to write.
     const bam::device_scope on(0);
     write_table<<<grid_blocks, block_threads>>>(ax.ref(), 0, words, 31);
     BAM_CUDA_TRY(cudaGetLastError());
@@ -305,7 +307,7 @@ TEST_CASE("a cache over two GPUs: a GPU leaves dirty pages of a medium it has no
   // which has no queues for X, would fault).
   std::string why;
   try {
-    (void)check_on(ay, 0, 4096, 32);
+    (void)check_on(ay, 0, words, 32);
   } catch (const bam::error& e) {
     why = e.what();
   }
