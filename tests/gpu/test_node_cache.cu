@@ -307,7 +307,9 @@ TEST_CASE("a cache over two GPUs: a GPU leaves dirty pages of a medium it has no
   // which has no queues for X, would fault).
   std::string why;
   try {
-    (void)check_on(ay, 0, words, 32);
+    // 64 pages, one element per thread: each miss waits one deadline (a
+    // thread reading on would wait a deadline per page).
+    (void)check_on(ay, 0, 64 * page_bytes / 4, 32);
   } catch (const bam::error& e) {
     why = e.what();
   }
