@@ -91,4 +91,14 @@ struct device_tally {
   }
 };
 
+//! Check [first, first + count) of `a` on the current device against `salt`
+//! (and the array's recorded failures: `a.check()` throws them).
+inline tally check_range(bam::array<std::uint32_t>& a, std::uint64_t first, std::uint64_t count, std::uint32_t salt) {
+  device_tally t;
+  check_table<<<grid_blocks, block_threads>>>(a.ref(), first, count, salt, t.buf.get());
+  BAM_CUDA_TRY(cudaGetLastError());
+  a.check();
+  return t.get();
+}
+
 } // namespace bam_shm_test

@@ -50,14 +50,6 @@ bam::page_cache_config group_config(const std::string& name, int rank, int size,
   return cfg;
 }
 
-tally check_range(bam::array<std::uint32_t>& a, std::uint64_t first, std::uint64_t count, std::uint32_t salt) {
-  device_tally t;
-  check_table<<<grid_blocks, block_threads>>>(a.ref(), first, count, salt, t.buf.get());
-  BAM_CUDA_TRY(cudaGetLastError());
-  a.check();
-  return t.get();
-}
-
 void write_range(bam::array<std::uint32_t>& a, std::uint64_t first, std::uint64_t count, std::uint32_t salt) {
   write_table<<<grid_blocks, block_threads>>>(a.ref(), first, count, salt);
   BAM_CUDA_TRY(cudaGetLastError());

@@ -46,15 +46,6 @@ int run_peer(const std::string& what, const std::string& device, int gpu, std::u
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-//! Check [first, first + count) of `a` on the current device against `salt`.
-tally check_range(bam::array<std::uint32_t>& a, std::uint64_t first, std::uint64_t count, std::uint32_t salt) {
-  device_tally t;
-  check_table<<<grid_blocks, block_threads>>>(a.ref(), first, count, salt, t.buf.get());
-  BAM_CUDA_TRY(cudaGetLastError());
-  a.check();
-  return t.get();
-}
-
 //! This process on `gpu` and a peer process on `peer_gpu`, each with its own
 //! storage and cache over one shared medium: the peer writes the table and
 //! this process checks every element; then the other way round.
