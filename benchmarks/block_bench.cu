@@ -12,6 +12,7 @@
 //   KvikIO
 //   block_bench --device emu-gpu:shm=bench,size=8G,unlink --gpus 1,2 --mode range --cache-mib 256  # 1 GPU, then 2
 //   block_bench --device emu-gpu:shm=bench,size=8G,unlink --gpus 2 --node-cache --mode range --cache-mib 2048
+//       [--spread-ceiling]  # and the gather from memory spread over the GPUs, same run
 //   block_bench --device emu-gpu:shm=bench,size=8G,unlink --gpus 2 --processes --node-cache --mode range --cache-mib
 //   2048
 //
@@ -84,8 +85,9 @@ struct options {
   double seconds = 0.5;            //!< target time of one timed repetition
   int reps = 3;
   bool compare = false;
-  bool host_ceiling = false; //!< with --gpus: the zero-copy host gather on the same GPUs at once
-  bool node_cache = false;   //!< with --gpus: one page cache spread over the GPUs
+  bool host_ceiling = false;   //!< with --gpus: the zero-copy host gather on the same GPUs at once
+  bool spread_ceiling = false; //!< with --gpus N (N >= 2): gathers from GPU memory spread over the N GPUs
+  bool node_cache = false;     //!< with --gpus: one page cache spread over the GPUs
   bool verify = true;
   bool verify_all = false;
   std::string json;
@@ -631,7 +633,10 @@ nlohmann::json gather_ceiling(const options& o, bool host, std::uint64_t bytes) 
       [&](std::uint32_t n, bench::stats* st) {
         w.ops_per_thread = n;
         w.seed = next_seed();
-        bench::gather_kernel<<<blocks, o.block_threads>>>(mem, bytes / o.io_size, w, st);
+        bench::gather_source src;
+        src.part[0] = mem;
+        src.units_per_part = bytes / o.io_size;
+        bench::gather_kernel<<<blocks, o.block_threads>>>(src, w, st);
       },
       ops);
   const double ops_per_s = static_cast<double>(r.second.ops) / r.first;
@@ -677,6 +682,108 @@ nlohmann::json host_gather_on_gpus(const options& o, int n) {
   return {{"what", "GPU zero-copy random gather from pinned host memory, " + std::to_string(n) + " GPU(s) at once"},
           {"gpus", n},
           {"io_bytes", o.io_size},
+          {"ops_per_s", ops},
+          {"GB_per_s", ops * o.io_size / 1e9},
+          {"bad_words", bad}};
+}
+
+//! The random gather of --io-size blocks on GPUs 0 .. n-1 at once from GPU
+//! memory spread over them, a host thread each (started together every
+//! repetition): the ceiling of a cache spread over the GPUs, whose hits read
+//! a page in its home GPU's memory. `peer`: each GPU reads only the next
+//! GPU's part (every read crosses NVLink: the remote hits' ceiling); else
+//! every GPU reads every part (1/n of the reads are local, as for a
+//! cache's hits spread evenly).
+nlohmann::json spread_gather_on_gpus(const options& o, int n, bool peer) {
+  const std::uint64_t part_bytes = std::max<std::uint64_t>(2ull << 30, std::uint64_t{o.io_size} * 1024);
+  const std::uint64_t units = part_bytes / o.io_size;
+  if (static_cast<std::uint32_t>(n) > bench::gather_source::max_parts)
+    throw std::runtime_error("--spread-ceiling: at most " + std::to_string(bench::gather_source::max_parts) + " GPUs");
+  std::barrier<> barrier(n);
+  std::vector<double> times(static_cast<std::size_t>(n));
+  std::vector<bam::device_buffer<std::uint8_t>*> parts(static_cast<std::size_t>(n), nullptr);
+  std::vector<nlohmann::json> per(static_cast<std::size_t>(n));
+  std::exception_ptr failed;
+  std::mutex failed_mutex;
+  std::atomic<bool> broken{false};
+  std::vector<std::thread> threads;
+  for (int k = 0; k < n; ++k)
+    threads.emplace_back([&, k] {
+      std::optional<bam::device_buffer<std::uint8_t>> mine;
+      bool arrived = false; // at the step where every part exists
+      try {
+        BAM_CUDA_TRY(cudaSetDevice(k));
+        mine.emplace(part_bytes);
+        // Part k holds the pattern's blocks k * units on.
+        bench::fill_kernel<<<4096, 256>>>(reinterpret_cast<std::uint32_t*>(mine->get()), part_bytes / 4, 0,
+                                          static_cast<std::uint64_t>(k) * part_bytes);
+        BAM_CUDA_TRY(cudaDeviceSynchronize());
+        for (int p = 0; p < n; ++p) {
+          if (p == k) continue;
+          const cudaError_t e = cudaDeviceEnablePeerAccess(p, 0);
+          if (e == cudaErrorPeerAccessAlreadyEnabled)
+            cudaGetLastError();
+          else
+            BAM_CUDA_TRY(e);
+        }
+        parts[static_cast<std::size_t>(k)] = &*mine;
+        arrived = true;
+        barrier.arrive_and_wait();
+        if (broken) return barrier.arrive_and_drop(); // a part is missing
+        bench::gather_source src;
+        if (peer) {
+          const int p = (k + 1) % n;
+          src.part[0] = parts[static_cast<std::size_t>(p)]->get();
+          src.first_unit = static_cast<std::uint64_t>(p) * units;
+        } else {
+          src.count = static_cast<std::uint32_t>(n);
+          for (int p = 0; p < n; ++p)
+            src.part[p] = parts[static_cast<std::size_t>(p)]->get();
+        }
+        src.units_per_part = units;
+        bench::workload w;
+        w.unit_bytes = o.io_size;
+        w.verify = o.verify;
+        const unsigned blocks = static_cast<unsigned>((o.threads + o.block_threads - 1) / o.block_threads);
+        std::uint32_t ops = 1;
+        const gpu_group g{&barrier, &times, k, n, nullptr};
+        const auto r = timed(
+            o,
+            [&](std::uint32_t m, bench::stats* st) {
+              w.ops_per_thread = m;
+              w.seed = next_seed();
+              bench::gather_kernel<<<blocks, o.block_threads>>>(src, w, st);
+            },
+            ops, &g);
+        per[static_cast<std::size_t>(k)] = {{"ops_per_s", static_cast<double>(r.second.ops) / r.first},
+                                            {"bad_words", r.second.bad}};
+        barrier.arrive_and_wait(); // no part is freed while another GPU reads it
+      } catch (...) {
+        {
+          std::lock_guard lock(failed_mutex);
+          if (!failed) failed = std::current_exception();
+        }
+        broken = true;
+        if (!arrived) barrier.arrive_and_wait(); // the step every part exists at: the others leave there
+        barrier.arrive_and_drop();
+      }
+    });
+  for (auto& t : threads)
+    t.join();
+  if (failed) std::rethrow_exception(failed);
+  double ops = 0;
+  unsigned long long bad = 0;
+  for (const auto& r : per) {
+    ops += r["ops_per_s"].get<double>();
+    bad += r["bad_words"].get<unsigned long long>();
+  }
+  return {{"what", peer ? "random gather from the next GPU's memory over NVLink, " + std::to_string(n) +
+                              " GPUs at once (remote hits' ceiling)"
+                        : "random gather from GPU memory spread over " + std::to_string(n) +
+                              " GPUs, every GPU reading every part, at once (spread cache hits' ceiling)"},
+          {"gpus", n},
+          {"io_bytes", o.io_size},
+          {"bytes_per_gpu", part_bytes},
           {"ops_per_s", ops},
           {"GB_per_s", ops * o.io_size / 1e9},
           {"bad_words", bad}};
@@ -769,6 +876,10 @@ int main(int argc, char** argv) {
   app.add_flag("--host-ceiling", o.host_ceiling,
                "with --gpus: after each GPU count, the zero-copy random gather from pinned host memory on as many GPUs "
                "at once (the ceiling of a medium in host memory), and each run's ratio to it");
+  app.add_flag("--spread-ceiling", o.spread_ceiling,
+               "with --gpus N (N >= 2): after each count, the random gather from GPU memory spread over the N GPUs "
+               "(every GPU reading every part: a spread cache's hits) and from the next GPU's memory alone (remote "
+               "hits), on the N GPUs at once, and each run's ratio to them");
   app.add_flag("--processes", o.processes,
                "with --gpus: one process per GPU (torchrun's layout) instead of one thread; with --node-cache they "
                "share one page cache (page_cache_config::group)");
@@ -829,6 +940,19 @@ int main(int argc, char** argv) {
           std::printf("  ceiling, same run: %s: %.2f GB/s (this run: %.2f of it)\n",
                       c["what"].get<std::string>().c_str(), c["GB_per_s"].get<double>(),
                       r.j["ratio_to_host_ceiling"].get<double>());
+        }
+        if (o.spread_ceiling && n > 1 && o.mode != "gather") {
+          for (const bool peer : {false, true}) {
+            const nlohmann::json c = spread_gather_on_gpus(o, n, peer);
+            const char* key = peer ? "peer_ceiling" : "spread_ceiling";
+            const std::string ratio = std::string("ratio_to_") + key;
+            r.j[key] = c;
+            r.j[ratio] = r.j["GB_per_s"].get<double>() / c["GB_per_s"].get<double>();
+            std::printf("  ceiling, same run: %s: %.2f GB/s (this run: %.2f of it)\n",
+                        c["what"].get<std::string>().c_str(), c["GB_per_s"].get<double>(), r.j[ratio].get<double>());
+            if (c["bad_words"].get<unsigned long long>() != 0)
+              throw std::runtime_error("the spread-memory gather read wrong words");
+          }
         }
         if (n == 1) one_gpu = r.j;
         if (n > 1 && one_gpu) {

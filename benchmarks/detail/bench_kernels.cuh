@@ -308,20 +308,34 @@ __global__ void array_gather_kernel(bam::array_ref<std::uint32_t> a, std::uint32
 
 // ---- ceilings -----------------------------------------------------------------
 
+//! Memory a gather ceiling reads: `count` parts of `units_per_part` blocks
+//! each, part p holding the blocks first_unit + p * units_per_part on (one
+//! part: a buffer in host or GPU memory; several: parts on several GPUs).
+struct gather_source {
+  static constexpr std::uint32_t max_parts = 16;
+  const std::uint8_t* part[max_parts] = {};
+  std::uint32_t count = 1;
+  std::uint64_t units_per_part = 0;
+  std::uint64_t first_unit = 0; //!< the pattern's block number of part 0's first block
+};
+
 //! Every warp gathers `ops_per_thread` random blocks of `unit_bytes` from
-//! `src` (pinned host memory mapped into the GPU, or GPU memory) into
-//! registers, with 8 loads of 16 bytes in flight per lane, and checks the
-//! first word of every 512 bytes.
-__global__ void gather_kernel(const std::uint8_t* src, std::uint64_t units, workload w, stats* st) {
+//! `src` (pinned host memory mapped into the GPU, GPU memory, or parts on
+//! several GPUs) into registers, with 8 loads of 16 bytes in flight per
+//! lane, and checks the first word of every 512 bytes.
+__global__ void gather_kernel(gather_source src, workload w, stats* st) {
   const std::uint64_t warp = (blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x) / 32;
   const std::uint64_t nwarps = static_cast<std::uint64_t>(gridDim.x) * blockDim.x / 32;
   const unsigned lane = threadIdx.x % 32;
+  const std::uint64_t units = src.units_per_part * src.count;
   unsigned long long bad = 0;
   unsigned acc = 0;
   for (std::uint32_t op = 0; op < w.ops_per_thread; ++op) {
     const std::uint64_t h = mix(w.seed ^ (warp * 0x100000001b3ull + op));
     const std::uint64_t unit = (w.sequential ? (op * nwarps + warp) : h) % units;
-    const uint4* p = reinterpret_cast<const uint4*>(src + unit * w.unit_bytes);
+    const std::uint64_t part = unit / src.units_per_part;
+    const uint4* p = reinterpret_cast<const uint4*>(src.part[part] + (unit - part * src.units_per_part) * w.unit_bytes);
+    const std::uint64_t first_byte = (src.first_unit + unit) * w.unit_bytes;
     const std::uint32_t n16 = w.unit_bytes / 16;
     for (std::uint32_t base = 0; base < n16; base += 8 * 32) {
       uint4 v[8];
@@ -333,7 +347,7 @@ __global__ void gather_kernel(const std::uint8_t* src, std::uint64_t units, work
         const std::uint32_t i = base + k * 32 + lane;
         if (i >= n16) continue;
         acc ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
-        if (w.verify && (i * 16) % 512 == 0) bad += v[k].x != pattern_word(0, unit * w.unit_bytes + i * 16);
+        if (w.verify && (i * 16) % 512 == 0) bad += v[k].x != pattern_word(0, first_byte + i * 16);
       }
     }
   }

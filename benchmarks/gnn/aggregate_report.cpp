@@ -57,7 +57,7 @@ std::string utc_now() {
   return date;
 }
 
-void print_run_summary(const aggregate_options& o, const manifest& m, const aggregate_figures& f) {
+void print_run_summary(const aggregate_options& o, const manifest& m, const aggregate_figures& f, double gather_gbs) {
   const double nb = static_cast<double>(o.batches);
   const std::uint64_t rb = m.features.row_bytes();
   std::printf("\n%llu mini-batches in %.3f s: %.2f batches/s, %.3f M sampled (unique) nodes/s, "
@@ -65,7 +65,7 @@ void print_run_summary(const aggregate_options& o, const manifest& m, const aggr
               "(gather stage: %.2f GB/s)\n",
               static_cast<unsigned long long>(o.batches), f.seconds, nb / f.seconds,
               static_cast<double>(f.rows) / f.seconds / 1e6, static_cast<double>(f.rows * rb) / f.seconds / 1e9,
-              bam_path(f, rb).gb_per_s());
+              gather_gbs >= 0 ? gather_gbs : bam_path(f, rb).gb_per_s());
   std::printf("per batch: sampling %.3f ms, gathering %.3f ms, aggregation %.3f ms (first batch "
               "%.3f ms in all)%s\n",
               1e3 * f.sampling_seconds / nb, 1e3 * f.gathering_seconds / nb, 1e3 * f.aggregation_seconds / nb,
@@ -219,6 +219,74 @@ json aggregate_json(const aggregate_options& o, const manifest& m, const aggrega
     j["baselines"] = c;
   }
   return j;
+}
+
+aggregate_figures combine_gpu_figures(const std::vector<aggregate_figures>& per, std::uint64_t cache_bytes) {
+  aggregate_figures all = per[0];
+  all.cache_bytes = cache_bytes;
+  for (std::size_t g = 1; g < per.size(); ++g) {
+    const aggregate_figures& f = per[g];
+    all.seconds = std::max(all.seconds, f.seconds);
+    all.gathering_seconds += f.gathering_seconds;
+    all.sampling_seconds += f.sampling_seconds;
+    all.aggregation_seconds += f.aggregation_seconds;
+    all.rows += f.rows;
+    for (std::size_t l = 0; l < all.hop_nodes.size(); ++l)
+      all.hop_nodes[l] += f.hop_nodes[l];
+    all.page_visits += f.page_visits;
+    all.pages_loaded += f.pages_loaded;
+    all.held_pages += f.held_pages;
+    all.verified_rows += f.verified_rows;
+    all.verified_batches += f.verified_batches;
+  }
+  return all;
+}
+
+void report_gpus(const gpus_report& r) {
+  const aggregate_options& o = r.options;
+  aggregate_options all = o; // the totals: every GPU's batches
+  all.batches = o.batches * r.per_gpu.size();
+  const std::uint64_t rb = r.m.features.row_bytes();
+  if (!o.json_stdout) {
+    std::printf("\n%zu GPUs, %s:\n", r.per_gpu.size(), r.cache_layout.c_str());
+    for (std::size_t g = 0; g < r.per_gpu.size(); ++g) {
+      const aggregate_figures& f = r.per_gpu[g];
+      std::printf("  GPU %zu (%s): %.2f batches/s, features %.2f GB/s, hit rate %.1f%%, %llu rows verified\n", g,
+                  r.gpus[g].name.c_str(), static_cast<double>(o.batches) / f.seconds,
+                  static_cast<double>(f.rows * rb) / f.seconds / 1e9, 100 * f.hit_rate(),
+                  static_cast<unsigned long long>(f.verified_rows));
+    }
+  }
+  // The gather stages of the GPUs ran at once: their rates add up.
+  double gather_gbs = 0, gather_nodes = 0, gather_longest = 0;
+  for (const aggregate_figures& f : r.per_gpu) {
+    const path_result p = bam_path(f, rb);
+    gather_gbs += p.gb_per_s();
+    gather_nodes += p.nodes_per_s();
+    gather_longest = std::max(gather_longest, p.seconds);
+  }
+  if (!o.json_stdout) {
+    std::printf("in all (the GPUs' sums over the longest GPU's time; per batch: the mean over every GPU's batches):");
+    print_run_summary(all, r.m, r.all, gather_gbs);
+  }
+  if (o.json_file.empty() && !o.json_stdout) return;
+  json j = aggregate_json(all, r.m, r.all, {}, r.gpus[0], commit_id(), utc_now());
+  j["gather"]["seconds"] = gather_longest;
+  j["gather"]["nodes_per_s"] = gather_nodes;
+  j["gather"]["GB_per_s"] = gather_gbs;
+  j["gpus"] = r.per_gpu.size();
+  j["cache_layout"] = r.cache_layout;
+  j["batches_per_gpu"] = o.batches;
+  j["cache_bytes_per_gpu"] = r.all.cache_bytes / r.per_gpu.size();
+  json per = json::array();
+  for (std::size_t g = 0; g < r.per_gpu.size(); ++g) {
+    json x{{"cuda_device", g}, {"gpu", r.gpus[g].name}};
+    add_batch_figures(x, o, r.per_gpu[g], rb);
+    x["verified_rows"] = r.per_gpu[g].verified_rows;
+    per.push_back(x);
+  }
+  j["per_gpu"] = per;
+  write_json(o, j);
 }
 
 void write_json(const aggregate_options& o, const json& j) {

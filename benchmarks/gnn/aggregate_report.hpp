@@ -49,8 +49,10 @@ std::string commit_id();
 std::string utc_now();
 
 //! The run's figures as text on stdout (throughput, per-stage times, hit
-//! rate, what was verified).
-void print_run_summary(const aggregate_options& o, const manifest& m, const aggregate_figures& f);
+//! rate, what was verified). `gather_gbs` >= 0: the gather stage's GB/s
+//! (several GPUs: the sum of theirs), else the one `f` gives.
+void print_run_summary(const aggregate_options& o, const manifest& m, const aggregate_figures& f,
+                       double gather_gbs = -1);
 
 //! The table of the gather paths (--compare): bam's and the baselines'.
 void print_comparison(const aggregate_figures& f, std::uint64_t row_bytes, std::uint64_t batches,
@@ -60,6 +62,24 @@ void print_comparison(const aggregate_figures& f, std::uint64_t row_bytes, std::
 nlohmann::ordered_json aggregate_json(const aggregate_options& o, const manifest& m, const aggregate_figures& f,
                                       const std::vector<path_result>& baselines, const gpu_description& gpu,
                                       const std::string& commit, const std::string& date);
+
+//! The figures of a run on several GPUs at once: the GPUs' sums (stage
+//! times too), the longest GPU's time, `cache_bytes` the caches' pages in all.
+aggregate_figures combine_gpu_figures(const std::vector<aggregate_figures>& per, std::uint64_t cache_bytes);
+
+//! A run on several GPUs at once (--gpus N).
+struct gpus_report {
+  const aggregate_options& options; //!< `batches`: each GPU's
+  const manifest& m;
+  const std::vector<aggregate_figures>& per_gpu;
+  const aggregate_figures& all; //!< the GPUs' sums; the longest GPU's time
+  std::string cache_layout;     //!< "a cache per GPU", "one cache spread over the GPUs"
+  const std::vector<gpu_description>& gpus;
+};
+
+//! Prints the per-GPU and total figures; writes the JSON with --json (the
+//! one-GPU document of the totals, with "gpus", "cache_layout" and "per_gpu").
+void report_gpus(const gpus_report& r);
 
 //! `j` into --json FILE and, with the global --json, onto stdout.
 void write_json(const aggregate_options& o, const nlohmann::ordered_json& j);

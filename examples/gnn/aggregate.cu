@@ -17,6 +17,10 @@
 // The gathered rows of the first batches are compared with the generator
 // (or the feature file); a difference ends the run with exit status 1.
 //
+// `--gpus N` runs this on GPUs 0 .. N-1 at once, a host thread each over a
+// storage of its own on one shared medium, with a cache per GPU or one cache
+// spread over the GPUs (--node-cache); GPU g runs the batches g, g + N, ...
+//
 // Where the features live is gnn_feature_store.cuh's; the report, and the
 // same gathers by other paths (--compare), benchmarks/gnn's.
 #include "gnn_aggregate.hpp"
@@ -26,15 +30,22 @@
 #include "gnn_sampling.cuh"
 
 #include "../../benchmarks/gnn/aggregate_bench.cuh"
+#include "../../benchmarks/gnn/aggregate_report.hpp"
 
 #include <bam/bam.cuh>
 #include <bam/runtime/row_gather.cuh>
 
+#include <algorithm>
+#include <atomic>
+#include <barrier>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -71,6 +82,16 @@ struct batch_pipeline {
   array<T>& feats;             // the feature table, through the page cache
   const hot_rows<T>* hot;      // null: no hot set
   unsigned long long* missing; // GPU counter: nodes missing from a next hop's set
+  // --gpus N: GPU g samples batches g, g + N, g + 2N, ... (the batches one
+  // GPU would run, dealt out), and counts the misses of its own kernels.
+  std::uint64_t batch_stride = 1, batch_offset = 0;
+  int counter_device = -1; // -1: the cache's every GPU (a cache of this GPU alone)
+
+  //! The sampler's number of this GPU's `b`-th batch.
+  std::uint64_t sampled_batch(std::uint64_t b) const { return b * batch_stride + batch_offset; }
+  page_cache_counters counters(const page_cache& cache, cudaStream_t st) const {
+    return counter_device < 0 ? cache.counters(st) : cache.counters(counter_device, st);
+  }
 };
 
 //! Starts batch `b` in slot `sl`: the sampling (the host waits for each
@@ -83,7 +104,7 @@ void start_batch(const batch_pipeline<T>& p, batch_slot<T>& sl, std::uint64_t b)
   const std::uint32_t hops = p.sampler.hops();
   sl.batch = b;
   BAM_CUDA_TRY(cudaEventRecord(sl.start.e, st));
-  p.sampler.sample(sl.sample, b, st);
+  p.sampler.sample(sl.sample, p.sampled_batch(b), st);
   BAM_CUDA_TRY(cudaEventRecord(sl.sampled.e, st));
   const std::uint64_t* ids = sl.sample.nodes[hops].get();
   const std::uint64_t nids = sl.sample.count[hops];
@@ -111,7 +132,8 @@ class batch_loop {
 public:
   batch_loop(const aggregate_options& o, const manifest& m, const batch_pipeline<T>& p, page_cache& cache,
              const std::vector<bool>& is_hot, aggregate_figures& f, cudaStream_t stream)
-      : o_(o), m_(m), p_(p), cache_(cache), is_hot_(is_hot), f_(f), stream_(stream), before_(cache.counters(stream)) {
+      : o_(o), m_(m), p_(p), cache_(cache), is_hot_(is_hot), f_(f), stream_(stream),
+        before_(p.counters(cache, stream)) {
     f_.hop_nodes.assign(p.sampler.hops() + 1, 0);
     BAM_CUDA_TRY(cudaEventRecord(origin_.e, stream));
     progress_t0_ = clock_type::now();
@@ -140,7 +162,7 @@ public:
       std::fprintf(stderr, "bam-gnn aggregate: %llu sampled nodes were missing from the next hop's set\n", missing);
       return false;
     }
-    f_.pages_loaded = cache_.counters(stream_).misses - before_.misses;
+    f_.pages_loaded = p_.counters(cache_, stream_).misses - before_.misses;
     return true;
   }
 
@@ -211,7 +233,7 @@ private:
       std::fprintf(stderr,
                    "bam-gnn aggregate: batch %llu: the row of node %llu gathered through the "
                    "page cache differs from the %s\n",
-                   static_cast<unsigned long long>(sl.batch),
+                   static_cast<unsigned long long>(p_.sampled_batch(sl.batch)),
                    static_cast<unsigned long long>(ids_[static_cast<std::size_t>(bad)]),
                    m_.features.source == "generated" ? "generator" : "feature file");
       return false;
@@ -226,7 +248,7 @@ private:
   }
 
   void print_progress(std::uint64_t b, cudaStream_t st) {
-    const page_cache_counters now = cache_.counters(st);
+    const page_cache_counters now = p_.counters(cache_, st);
     const double t = seconds_since(progress_t0_) - unclocked_;
     std::fprintf(stderr,
                  "  batch %llu/%llu: %.1f batches/s, %.2f M nodes/s, %.2f GB/s, hit rate %.1f%% "
@@ -323,76 +345,231 @@ void check_gpu_memory(const aggregate_options& o, const std::vector<std::uint32_
                      ENOMEM);
 }
 
-//! The run, for element type T (float for float32 features, raw 16-bit halves for float16).
+//! One GPU's share of a run, built with that GPU current: the graph on it,
+//! a storage opened there, the feature array (through the cache spread over
+//! the run's GPUs, or through a cache of its own), the sampler and the
+//! batches in flight. A run on one GPU is one of these.
+template <class T>
+class gpu_run {
+public:
+  //! `shared`: the cache spread over every GPU of the run (null: a cache
+  //! of this GPU alone). GPU `gpu` of `gpus` runs the batches gpu, gpu +
+  //! gpus, ... of the sampler.
+  gpu_run(const aggregate_options& o, const manifest& m, const host_csr& graph, const table_source& src,
+          feature_location where, page_cache* shared, int gpu, int gpus)
+      : o_(o), m_(m), graph_(graph), src_(src), where_(std::move(where)), gpu_(gpu), gpus_(gpus),
+        fanouts_(parse_fanouts(o.fanouts)), csr_(upload_csr(graph.indptr, graph.indices)), s_(where_.spec) {
+    if (gpu != 0) o_.progress_every = 0; // the first GPU's progress stands for the run's
+    // The array is attached before the medium is filled: a table that does
+    // not fit the storage is refused there.
+    locate_feature_table(where_, s_, o, m, src);
+    if (shared == nullptr)
+      own_cache_.emplace(
+          page_cache_config{.page_size = o.page_size, .capacity = static_cast<std::size_t>(o.cache_mib) << 20});
+    cache_ = shared != nullptr ? shared : &*own_cache_;
+    feats_.emplace(*cache_, s_, m.nodes * m.features.dim, where_.start_lba);
+  }
+
+  //! Writes the table into a medium the run made, or checks the device
+  //! that holds it. With several GPUs on one medium the first does it.
+  void fill_or_check(thread_pool& pool) { fill_or_check_medium(where_, s_, o_, m_, src_, pool); }
+  //! This GPU's medium was filled by another GPU's storage (`by`).
+  void filled_by(const feature_location& by) {
+    where_.placement = by.placement;
+    where_.load_seconds = by.load_seconds;
+  }
+  const feature_location& where() const { return where_; }
+
+  //! The hot set, the sampler and the batches' slots.
+  void prepare() {
+    const std::uint32_t dim = m_.features.dim;
+    f_ = aggregate_figures{.device = where_.device,
+                           .transport = s_.transport_name(),
+                           .placement = where_.placement,
+                           .in_process = where_.in_process,
+                           .load_seconds = where_.load_seconds,
+                           .cache_bytes = cache_->slot_count() * o_.page_size,
+                           .fanouts = fanouts_};
+    hot_ = make_hot_set(o_, m_, graph_.indices, *feats_, is_hot_, f_);
+    check_gpu_memory(o_, fanouts_, hop_capacities(m_.nodes, o_.batch_size, fanouts_), m_.features.row_bytes(), dim);
+    sampler_.emplace(csr_, m_.nodes, fanouts_, o_.batch_size, o_.seed);
+    for (unsigned k = 0; k < o_.in_flight; ++k)
+      slots_.push_back(std::make_unique<batch_slot<T>>(*sampler_, fanouts_, dim, *feats_, o_.lookahead));
+    pipeline_.emplace(batch_pipeline<T>{.sampler = *sampler_,
+                                        .fanouts = fanouts_,
+                                        .dim = dim,
+                                        .feats = *feats_,
+                                        .hot = hot_ ? &*hot_ : nullptr,
+                                        .missing = missing_.get(),
+                                        .batch_stride = static_cast<std::uint64_t>(gpus_),
+                                        .batch_offset = static_cast<std::uint64_t>(gpu_),
+                                        .counter_device = cache_->devices().size() > 1 ? gpu_ : -1});
+  }
+
+  //! Runs this GPU's batches; false when a gathered row or the sampling
+  //! was wrong (said on stderr).
+  bool run() {
+    loop_.emplace(o_, m_, *pipeline_, *cache_, is_hot_, f_, stream());
+    return loop_->run(slots_);
+  }
+
+  const aggregate_figures& figures() const { return f_; }
+  //! The first slot's stream: the checks and the baselines run on it.
+  cudaStream_t stream() const { return slots_[0]->stream.s; }
+  const storage& store() const { return s_; }
+  const batch_loop<T>& loop() const { return *loop_; }
+  std::uint64_t max_batch_rows() const { return sampler_->capacity()[sampler_->hops()]; }
+
+private:
+  aggregate_options o_;
+  const manifest& m_;
+  const host_csr& graph_;
+  const table_source& src_;
+  feature_location where_;
+  int gpu_, gpus_;
+  std::vector<std::uint32_t> fanouts_;
+  device_csr csr_;
+  storage s_;
+  std::optional<page_cache> own_cache_;
+  page_cache* cache_ = nullptr;
+  std::optional<array<T>> feats_;
+  aggregate_figures f_;
+  std::vector<bool> is_hot_;
+  std::optional<hot_rows<T>> hot_;
+  std::optional<neighbour_sampler> sampler_;
+  std::vector<std::unique_ptr<batch_slot<T>>> slots_;
+  device_buffer<unsigned long long> missing_{1};
+  std::optional<batch_pipeline<T>> pipeline_;
+  std::optional<batch_loop<T>> loop_;
+};
+
+void print_header(const aggregate_options& o, const manifest& m, const feature_location& where) {
+  if (o.json_stdout) return;
+  std::printf("%s: %llu nodes, %u x %s features (%llu B a row); features %s, %s\n"
+              "%llu batches of %llu seeds%s, fanouts %s, page cache %llu MiB of %u-byte pages%s, %u batch(es) in "
+              "flight%s\n",
+              o.dir.c_str(), static_cast<unsigned long long>(m.nodes), m.features.dim, m.features.dtype.c_str(),
+              static_cast<unsigned long long>(m.features.row_bytes()), where.device.c_str(), where.placement.c_str(),
+              static_cast<unsigned long long>(o.batches), static_cast<unsigned long long>(o.batch_size),
+              o.gpus > 1 ? " on each GPU" : "", o.fanouts.c_str(), static_cast<unsigned long long>(o.cache_mib),
+              o.page_size,
+              o.gpus < 2     ? ""
+              : o.node_cache ? " on each GPU, one cache spread over the GPUs"
+                             : " on each GPU, a cache per GPU",
+              o.in_flight, o.lookahead ? ", look-ahead holds" : "");
+  std::fflush(stdout);
+}
+
+//! The run on one GPU, for element type T (float for float32 features, raw
+//! 16-bit halves for float16), with the comparison harness after it.
 template <class T>
 int run_typed(const aggregate_options& o, const manifest& m) {
   const std::filesystem::path dir(o.dir);
-  const std::vector<std::uint32_t> fanouts = parse_fanouts(o.fanouts);
-  const std::uint32_t dim = m.features.dim;
-  const std::uint64_t rb = m.features.row_bytes();
   thread_pool pool(detail::thread_count(o.host_threads));
-
-  // The graph, onto the GPU for the sampling.
-  const host_csr graph = read_csr(dir, m);
-  const device_csr csr = upload_csr(graph.indptr, graph.indices);
-
-  // The features: a bam::array over the storage that holds them, read
-  // through a page cache. The array is attached before the medium is
-  // filled: a table that does not fit the storage is refused there.
+  const host_csr graph = read_csr(dir, m); // the hot set ranks the nodes by in-degree
   const table_source src(dir, m);
-  feature_location where = choose_feature_device(o, m, src);
-  storage s(where.spec);
-  locate_feature_table(where, s, o, m, src);
-  page_cache cache({.page_size = o.page_size, .capacity = static_cast<std::size_t>(o.cache_mib) << 20});
-  array<T> feats(cache, s, m.nodes * dim, where.start_lba);
-  fill_or_check_medium(where, s, o, m, src, pool);
-
-  aggregate_figures f{.device = where.device,
-                      .transport = s.transport_name(),
-                      .placement = where.placement,
-                      .in_process = where.in_process,
-                      .load_seconds = where.load_seconds,
-                      .cache_bytes = cache.slot_count() * o.page_size,
-                      .fanouts = fanouts};
-  std::vector<bool> is_hot;
-  const std::optional<hot_rows<T>> hot = make_hot_set(o, m, graph.indices, feats, is_hot, f);
-
-  // One slot per batch in flight, each with its stream and buffers.
-  check_gpu_memory(o, fanouts, hop_capacities(m.nodes, o.batch_size, fanouts), rb, dim);
-  const neighbour_sampler sampler(csr, m.nodes, fanouts, o.batch_size, o.seed);
-  std::vector<std::unique_ptr<batch_slot<T>>> slots;
-  for (unsigned k = 0; k < o.in_flight; ++k)
-    slots.push_back(std::make_unique<batch_slot<T>>(sampler, fanouts, dim, feats, o.lookahead));
-  device_buffer<unsigned long long> missing(1);
-  // The checks and the baselines run on the first slot's stream.
-  const cudaStream_t stream = slots[0]->stream.s;
-
-  if (!o.json_stdout)
-    std::printf("%s: %llu nodes, %u x %s features (%llu B a row); features %s, %s\n"
-                "%llu batches of %llu seeds, fanouts %s, page cache %llu MiB of %u-byte pages, %u batch(es) in "
-                "flight%s\n",
-                o.dir.c_str(), static_cast<unsigned long long>(m.nodes), dim, m.features.dtype.c_str(),
-                static_cast<unsigned long long>(rb), where.device.c_str(), where.placement.c_str(),
-                static_cast<unsigned long long>(o.batches), static_cast<unsigned long long>(o.batch_size),
-                o.fanouts.c_str(), static_cast<unsigned long long>(o.cache_mib), o.page_size, o.in_flight,
-                o.lookahead ? ", look-ahead holds" : "");
-  std::fflush(stdout);
-
-  const batch_pipeline<T> pipeline{sampler, fanouts, dim, feats, hot ? &*hot : nullptr, missing.get()};
-  batch_loop<T> loop(o, m, pipeline, cache, is_hot, f, stream);
-  if (!loop.run(slots)) return 1;
-
+  gpu_run<T> r(o, m, graph, src, choose_feature_device(o, m, src), nullptr, 0, 1);
+  r.fill_or_check(pool);
+  r.prepare();
+  print_header(o, m, r.where());
+  if (!r.run()) return 1;
   report_aggregate({.options = o,
                     .m = m,
-                    .figures = f,
-                    .batch_ids = loop.batch_ids(),
-                    .batch0_rows = loop.batch0_rows(),
-                    .max_batch_rows = sampler.capacity()[sampler.hops()],
+                    .figures = r.figures(),
+                    .batch_ids = r.loop().batch_ids(),
+                    .batch0_rows = r.loop().batch0_rows(),
+                    .max_batch_rows = r.max_batch_rows(),
                     .src = src,
-                    .s = s,
-                    .where = where,
+                    .s = r.store(),
+                    .where = r.where(),
                     .pool = pool,
-                    .stream = stream});
+                    .stream = r.stream()});
+  return 0;
+}
+
+gpu_description describe_gpu(int dev) {
+  gpu_description g;
+  cudaDeviceProp prop{};
+  BAM_CUDA_TRY(cudaGetDeviceProperties(&prop, dev));
+  BAM_CUDA_TRY(cudaDriverGetVersion(&g.driver));
+  g.name = prop.name;
+  g.cuda_runtime = CUDART_VERSION;
+  return g;
+}
+
+//! The run on GPUs 0 .. o.gpus-1 at once, a host thread each, over one copy
+//! of the features: a cache per GPU, or (--node-cache) one cache spread
+//! over the GPUs. The first GPU fills a medium the run made; every GPU
+//! starts its batches together.
+template <class T>
+int run_on_gpus(const aggregate_options& o, const manifest& m) {
+  const int n = static_cast<int>(o.gpus);
+  const std::filesystem::path dir(o.dir);
+  thread_pool pool(detail::thread_count(o.host_threads));
+  const host_csr graph = read_csr(dir, m);
+  const table_source src(dir, m);
+  const feature_location where = choose_feature_device(o, m, src);
+  std::optional<page_cache> node;
+  if (o.node_cache) {
+    std::vector<int> devs;
+    for (int g = 0; g < n; ++g)
+      devs.push_back(g);
+    node.emplace(page_cache_config{
+        .page_size = o.page_size, .capacity = (static_cast<std::size_t>(o.cache_mib) << 20) * o.gpus, .devices = devs});
+  }
+  std::barrier<> step(n);
+  std::atomic<bool> failed{false};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  feature_location filled;
+  std::vector<aggregate_figures> per(o.gpus);
+  std::vector<gpu_description> gpus(o.gpus);
+  std::vector<int> status(o.gpus, 0);
+  // Every GPU passes each step together; after a failure the others stop at
+  // the next one.
+  const auto together = [&] {
+    step.arrive_and_wait();
+    return !failed.load();
+  };
+  std::vector<std::thread> threads;
+  for (int g = 0; g < n; ++g)
+    threads.emplace_back([&, g] {
+      try {
+        BAM_CUDA_TRY(cudaSetDevice(g));
+        gpus[static_cast<std::size_t>(g)] = describe_gpu(g);
+        gpu_run<T> r(o, m, graph, src, where, node ? &*node : nullptr, g, n);
+        if (g == 0 || !where.in_process) r.fill_or_check(pool);
+        if (g == 0) filled = r.where();
+        if (!together()) return step.arrive_and_drop();
+        if (g != 0 && where.in_process) r.filled_by(filled);
+        r.prepare();
+        if (g == 0) print_header(o, m, r.where());
+        if (!together()) return step.arrive_and_drop();
+        status[static_cast<std::size_t>(g)] = r.run() ? 0 : 1;
+        per[static_cast<std::size_t>(g)] = r.figures();
+        // No GPU detaches its array from the shared cache while another reads.
+        step.arrive_and_wait();
+      } catch (...) {
+        {
+          std::lock_guard lock(error_mutex);
+          if (!error) error = std::current_exception();
+        }
+        failed = true;
+        step.arrive_and_drop();
+      }
+    });
+  for (auto& t : threads)
+    t.join();
+  if (error) std::rethrow_exception(error);
+  for (const int st : status)
+    if (st != 0) return st;
+  const std::uint64_t cache_bytes = node ? node->slot_count() * o.page_size : per[0].cache_bytes * o.gpus;
+  report_gpus({.options = o,
+               .m = m,
+               .per_gpu = per,
+               .all = combine_gpu_figures(per, cache_bytes),
+               .cache_layout = o.node_cache ? "one cache spread over the GPUs" : "a cache per GPU",
+               .gpus = gpus});
   return 0;
 }
 
@@ -409,10 +586,27 @@ int run_aggregate(const aggregate_options& o) {
   if (o.page_size < 512 || o.page_size > (64u << 10) || (o.page_size & (o.page_size - 1)) != 0)
     detail::gnn_fail("--page-size " + std::to_string(o.page_size) + ": a power of two from 512 to 65536");
   if (m.nodes > 0xffffffffull) detail::gnn_fail("more than 2^32 - 1 nodes: positions are 32-bit");
+  if (o.node_cache && o.gpus < 2)
+    detail::gnn_fail("--node-cache spreads one cache over several GPUs: give --gpus 2 or more");
+  if (o.gpus > 1 && o.compare)
+    detail::gnn_fail("--compare gathers the batches again by other paths on one GPU: run it without --gpus");
+  if (o.gpus > 1 && o.hot_percent > 0)
+    detail::gnn_fail("--hot-percent keeps its rows in one GPU's pinned host copy: run it without --gpus");
+  if (o.gpus > 1) { // a medium every GPU can open, before anything needs a GPU
+    const table_source src(o.dir, m);
+    (void)choose_feature_device(o, m, src);
+  }
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) {
     cudaGetLastError();
     detail::gnn_fail("bam-gnn aggregate needs an NVIDIA GPU: none is visible here", ENODEV);
+  }
+  if (o.gpus > static_cast<unsigned>(gpus))
+    detail::gnn_fail("--gpus " + std::to_string(o.gpus) + ": " + std::to_string(gpus) + " GPU(s) are visible here",
+                     ENODEV);
+  if (o.gpus > 1) {
+    if (m.features.dtype == "float16") return run_on_gpus<std::uint16_t>(o, m);
+    return run_on_gpus<float>(o, m);
   }
   if (m.features.dtype == "float16") return run_typed<std::uint16_t>(o, m);
   return run_typed<float>(o, m);

@@ -14,11 +14,13 @@
 //   bam-gnn info DIR                        sizes and the degree distribution
 //   bam-gnn aggregate DIR [--device DEV] [--fanouts 15,10,5] [--batch-size 1024] [--batches 100]
 //           [--cache-mib 1024] [--page-size 4096] [--seed 1] [--compare] [--json FILE]
-//           [--hot-percent P] [--in-flight 2] [--no-lookahead]
+//           [--hot-percent P] [--in-flight 2] [--no-lookahead] [--gpus N [--node-cache]]
 //       GraphSAGE mini-batches on the GPU: neighbour sampling over the CSR,
 //       the feature rows through bam's page cache, a mean aggregation per
 //       layer; --compare adds the same gathers by CPU threads, GPU zero-copy,
-//       mmap and from GPU memory (needs a CUDA build and a GPU)
+//       mmap and from GPU memory (needs a CUDA build and a GPU); --gpus N
+//       runs on N GPUs at once over one copy of the features, with a cache
+//       per GPU or (--node-cache) one cache spread over them
 //
 // Every subcommand takes --json. Sizes take K, M, G suffixes (decimal for
 // counts: --nodes 50M is 50,000,000 nodes; binary for bytes: --offset 1G).
@@ -241,7 +243,7 @@ int main(int argc, char** argv) {
                         "emu-gpu:ram sized to the table); in-process media (emu-gpu:ram, emu-gpu:hbm, emu:ram) "
                         "get the table loaded before timing; 'file': the dataset's feature file itself, from its "
                         "blocks on the raw disk where that disk opens, else through the file");
-  aggregate->add_option("--cache-mib", ao.cache_mib, "page cache size in MiB (default 1024)");
+  aggregate->add_option("--cache-mib", ao.cache_mib, "page cache size in MiB, on each GPU (default 1024)");
   aggregate->add_option("--page-size", ao.page_size, "page cache page size in bytes (default 4096)");
   aggregate->add_option("--fanouts", ao.fanouts, "neighbours sampled per node, hop by hop (default 15,10,5)");
   aggregate->add_option("--batch-size", ao.batch_size, "seed nodes per mini-batch (default 1024)");
@@ -265,6 +267,14 @@ int main(int argc, char** argv) {
                    "mini-batches in flight at once, each on a CUDA stream of its own: the next batches' "
                    "sampling and gathers overlap this one's (1 to 8; default 2)")
       ->check(CLI::Range(1u, bam::gnn::max_in_flight));
+  aggregate
+      ->add_option("--gpus", ao.gpus,
+                   "run on GPUs 0 .. N-1 at once, a host thread each; every GPU runs --batches batches of its own "
+                   "over one copy of the features (default 1)")
+      ->check(CLI::Range(1u, 64u));
+  aggregate->add_flag("--node-cache", ao.node_cache,
+                      "with --gpus N (N >= 2): one page cache spread over the N GPUs' memory (--cache-mib on each; "
+                      "one copy of a page, read by any GPU over NVLink) instead of a cache per GPU");
   aggregate->add_flag("--lookahead,!--no-lookahead", ao.lookahead,
                       "hold the pages of each batch's rows that are in the cache from its sampling until its "
                       "gather, so that the misses of the batches before it and its own cannot evict them "

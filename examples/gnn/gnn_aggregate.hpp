@@ -390,7 +390,9 @@ struct aggregate_options {
   unsigned host_threads = 0; //!< CPU baselines (0: all cores)
   double hot_percent = 0;    //!< rows of the highest in-degree kept in pinned host memory (bam::hot_rows)
   unsigned in_flight = 2;    //!< mini-batches in flight at once, each on a stream of its own
-  bool lookahead = true; //!< hold the cached pages of a batch's rows from its sampling to its gather (bam::row_holds)
+  bool lookahead = true;   //!< hold the cached pages of a batch's rows from its sampling to its gather (bam::row_holds)
+  unsigned gpus = 1;       //!< GPUs 0 .. gpus-1, a host thread each, each running `batches` batches
+  bool node_cache = false; //!< with gpus > 1: one page cache spread over the GPUs (else a cache per GPU)
 };
 
 //! First row of `got` that differs from `want` (`rows` rows of `row_bytes`),

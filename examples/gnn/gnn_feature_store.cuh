@@ -3,7 +3,8 @@
 // around opening the storage and attaching the bam::array:
 //   choose_feature_device  the device string: --device, else the device the
 //                          table was loaded onto (manifest), else an
-//                          in-process medium the size of the table;
+//                          in-process medium the size of the table (with
+//                          --gpus N, shared memory every GPU opens);
 //                          `--device file`: the dataset's own feature file;
 //   locate_feature_table   where on the storage the table's first row is;
 //   fill_or_check_medium   an in-process medium gets the table written into
@@ -28,7 +29,7 @@ struct feature_location {
   std::string device;          //!< the device string the storage opens
   device_spec spec;            //!< `device`, parsed
   bool from_file = false;      //!< --device file: the dataset's own feature file, read through bam
-  bool in_process = false;     //!< an in-process medium (RAM, GPU memory): the run writes the table into it
+  bool in_process = false;     //!< a medium the run made (RAM, GPU memory, shared memory): it writes the table into it
   std::string file_reason;     //!< (from_file) how bam reads that file
   std::uint64_t start_lba = 0; //!< the block of the table's first row
   std::string placement;       //!< where the table is, in words (for the report)
@@ -36,7 +37,7 @@ struct feature_location {
 };
 
 //! The device string and how it holds the table. Throws `bam::error` for a
-//! medium that cannot hold it.
+//! medium that cannot hold it, or (--gpus N) that one GPU alone can open.
 inline feature_location choose_feature_device(const aggregate_options& o, const manifest& m, const table_source& src) {
   feature_location f;
   f.device = o.device;
@@ -44,9 +45,13 @@ inline feature_location choose_feature_device(const aggregate_options& o, const 
     if (m.device) {
       f.device = m.device->device;
     } else {
-      // Pinned RAM the size of the table in MiB, rounded up, and one MiB more.
+      // Pinned RAM the size of the table in MiB, rounded up, and one MiB
+      // more; with several GPUs, shared memory that every GPU's storage
+      // opens (one copy), removed when the run ends.
       const std::uint64_t mib = (m.nodes * m.features.row_bytes() + (2ull << 20) - 1) >> 20;
-      f.device = "emu-gpu:ram=" + std::to_string(mib) + "M";
+      f.device = o.gpus > 1
+                     ? "emu-gpu:shm=bam-gnn-" + std::to_string(::getpid()) + ",size=" + std::to_string(mib) + "M,unlink"
+                     : "emu-gpu:ram=" + std::to_string(mib) + "M";
     }
   }
   // `--device file`: the dataset's own feature file, read through bam: from
@@ -67,8 +72,17 @@ inline feature_location choose_feature_device(const aggregate_options& o, const 
   if (f.spec.kind != device_kind::pci && f.spec.media == media_kind::null)
     detail::gnn_fail(f.device + ": null media keep no data; the features need a medium that holds them "
                                 "(emu-gpu:ram=SIZE, emu-gpu:hbm=SIZE, emu:file=..., a loaded device)");
+  const bool loaded = m.device && m.device->device == f.device;
   f.in_process =
-      f.spec.kind != device_kind::pci && (f.spec.media == media_kind::ram || f.spec.media == media_kind::hbm);
+      f.spec.kind != device_kind::pci && (f.spec.media == media_kind::ram || f.spec.media == media_kind::hbm ||
+                                          (f.spec.media == media_kind::shm && !loaded && !f.from_file));
+  if (o.gpus > 1 && f.spec.kind != device_kind::pci &&
+      (f.spec.media == media_kind::ram || f.spec.media == media_kind::hbm))
+    detail::gnn_fail(f.device + ": with --gpus " + std::to_string(o.gpus) +
+                         " every GPU reads one copy of the table, and this medium belongs to one storage: use "
+                         "shared memory (emu-gpu:shm=NAME,size=SIZE, the default), the feature file or a loaded "
+                         "device",
+                     EINVAL);
   return f;
 }
 
@@ -125,7 +139,8 @@ inline void fill_or_check_medium(feature_location& f, storage& s, const aggregat
                    bam::emu::write_media(s, c, off, p, len);
                  });
     f.load_seconds = seconds_since(t0);
-    f.placement = "loaded into the in-process medium before timing";
+    f.placement = f.spec.media == media_kind::shm ? "loaded into the shared memory before timing"
+                                                  : "loaded into the in-process medium before timing";
   } else if (!f.from_file) {
     if (m.device->nsid != s.nsid())
       detail::gnn_fail(f.device + ": the features are on namespace " + std::to_string(m.device->nsid) +

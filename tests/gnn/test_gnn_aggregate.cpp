@@ -199,6 +199,33 @@ TEST_CASE("bam-gnn aggregate refuses bad input before it needs a GPU", "[gnn][ag
   CHECK_THAT(r.out, ContainsSubstring("--in-flight"));
 }
 
+TEST_CASE("bam-gnn aggregate on several GPUs refuses what one GPU alone can do, before it needs a GPU",
+          "[gnn][aggregate][cli]") {
+  temp_dir t;
+  small_dataset(t.path, 2000, 8);
+  const std::string dir = t.path.string();
+  run_result r = bam_gnn("aggregate " + dir + " --node-cache");
+  INFO(r.out);
+  CHECK(r.status == 1);
+  CHECK_THAT(r.out, ContainsSubstring("--node-cache spreads one cache over several GPUs: give --gpus 2 or more"));
+  r = bam_gnn("aggregate " + dir + " --gpus 2 --compare");
+  CHECK(r.status == 1);
+  CHECK_THAT(r.out, ContainsSubstring("--compare"));
+  r = bam_gnn("aggregate " + dir + " --gpus 2 --hot-percent 5");
+  CHECK(r.status == 1);
+  CHECK_THAT(r.out, ContainsSubstring("--hot-percent"));
+  // Private media belong to one storage: every GPU must read one copy.
+  for (const char* dev : {"emu-gpu:ram=64M", "emu-gpu:hbm=64M"}) {
+    r = bam_gnn("aggregate " + dir + " --gpus 2 --device " + dev);
+    CHECK(r.status == 1);
+    CHECK_THAT(r.out, ContainsSubstring(std::string(dev) + ": with --gpus 2 every GPU reads one copy of the table"));
+    CHECK_THAT(r.out, ContainsSubstring("emu-gpu:shm=NAME,size=SIZE"));
+  }
+  r = bam_gnn("aggregate " + dir + " --gpus 0");
+  CHECK(r.status != 0);
+  CHECK_THAT(r.out, ContainsSubstring("--gpus"));
+}
+
 TEST_CASE("the gather stage's time is the union of the gathers of batches in flight", "[gnn][aggregate]") {
   using bam::gnn::interval_union_ms;
   CHECK(interval_union_ms({}) == 0);

@@ -7,8 +7,13 @@
 
 #include <catch2/catch_test_macros.hpp>
 
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 namespace {
 
@@ -149,4 +154,64 @@ TEST_CASE("bam-gnn aggregate's best baseline is the fastest host path that ran, 
   CHECK(best_baseline({not_run}) == 0);
   CHECK(best_baseline({ran("cpu-threads", 2, 100), ran("mmap-warm", 1, 100)}) == 100);
   CHECK(best_baseline({ran("cpu-threads", 2, 100), ran("gpu-memory", 1, 1000)}) == 50);
+}
+
+TEST_CASE("bam-gnn aggregate on several GPUs: the GPUs' sums over the longest GPU's time, and each GPU's figures",
+          "[gnn][report]") {
+  const bam::gnn::manifest m = small_manifest();
+  bam::gnn::aggregate_figures a = some_figures(), b = some_figures();
+  b.seconds = 4;
+  b.gathering_seconds = 3;
+  b.rows = 6000;
+  b.hop_nodes = {100, 300, 900};
+  b.pages_loaded = 500;
+  const bam::gnn::aggregate_figures all = bam::gnn::combine_gpu_figures({a, b}, 3 << 20);
+  CHECK(all.seconds == 4);
+  CHECK(all.gathering_seconds == 4);
+  CHECK(all.sampling_seconds == 1);
+  CHECK(all.rows == 10000);
+  CHECK(all.hop_nodes == std::vector<std::uint64_t>{200, 700, 1900});
+  CHECK(all.page_visits == 2000);
+  CHECK(all.pages_loaded == 750);
+  CHECK(all.hit_rate() == 0.625);
+  CHECK(all.verified_rows == 80);
+  CHECK(all.cache_bytes == 3 << 20);
+
+  const std::filesystem::path out =
+      std::filesystem::temp_directory_path() / ("bam-gnn-report-" + std::to_string(::getpid()) + ".json");
+  bam::gnn::aggregate_options o;
+  o.dir = "/tmp/data";
+  o.batches = 4; // each GPU's
+  o.lookahead = false;
+  o.gpus = 2;
+  o.node_cache = true;
+  o.json_file = out.string();
+  const std::vector<bam::gnn::aggregate_figures> per{a, b};
+  const std::vector<bam::gnn::gpu_description> gpus{{"H100", 12080, 12080}, {"H100", 12080, 12080}};
+  std::fflush(stdout);
+  bam::gnn::report_gpus({.options = o,
+                         .m = m,
+                         .per_gpu = per,
+                         .all = all,
+                         .cache_layout = "one cache spread over the GPUs",
+                         .gpus = gpus});
+  std::ifstream f(out);
+  const json j = json::parse(f);
+  std::filesystem::remove(out);
+  CHECK(j["batches"] == 8); // every GPU's batches
+  CHECK(j["batches_per_s"].get<double>() == 2.0);
+  CHECK(j["gpus"] == 2);
+  CHECK(j["cache_layout"] == "one cache spread over the GPUs");
+  CHECK(j["batches_per_gpu"] == 4);
+  CHECK(j["cache_bytes_per_gpu"] == (3 << 20) / 2);
+  CHECK(j["cache"]["hit_rate"].get<double>() == 0.625);
+  REQUIRE(j["per_gpu"].size() == 2);
+  CHECK(j["per_gpu"][1]["cuda_device"] == 1);
+  CHECK(j["per_gpu"][1]["batches_per_s"].get<double>() == 1.0);
+  CHECK(j["per_gpu"][0]["batches_per_s"].get<double>() == 2.0);
+  CHECK(j["per_gpu"][1]["cache"]["hit_rate"].get<double>() == 0.5);
+  // The gathers ran at once: their rates add up (4000 rows of 32 B in 1 s, 6000 in 3 s).
+  CHECK(j["gather"]["seconds"].get<double>() == 3);
+  CHECK(j["gather"]["nodes_per_s"].get<double>() == 4000.0 + 2000.0);
+  CHECK(j["gather"]["GB_per_s"].get<double>() == (4000.0 * 32 + 2000.0 * 32) / 1e9);
 }
