@@ -8,6 +8,7 @@
 #include "shm_table.cuh"
 
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <unistd.h>
@@ -322,4 +323,160 @@ TEST_CASE("a cache over two GPUs: a GPU leaves dirty pages of a medium it has no
   CHECK(ty.bad == 0);
   const tally tx = check_on(ax, 0, words, 31);
   CHECK(tx.bad == 0);
+}
+
+namespace {
+
+//! A bijection of [0, n) (n a power of two): operation u's element.
+__host__ __device__ std::uint64_t scatter(std::uint64_t u, std::uint64_t n) {
+  return (u * 0x9e3779b1ull + 12345) & (n - 1);
+}
+
+//! Operations u in [0, threads * per_thread): element scatter(u) is written
+//! by GPU u % 2 (salt 41 + g) and read by the other GPU meanwhile, which
+//! must see the original word (salt 40) or the writer's. Counts reads that
+//! see anything else.
+__global__ void two_gpu_mixed(bam::array_ref<std::uint32_t> a, std::uint64_t threads, int per_thread, int g, tally* t) {
+  const std::uint64_t tid = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
+  if (tid >= threads) return;
+  unsigned long long bad = 0;
+  for (int k = 0; k < per_thread; ++k) {
+    const std::uint64_t u = tid + static_cast<std::uint64_t>(k) * threads;
+    const std::uint64_t i = scatter(u, a.size());
+    if (static_cast<int>(u % 2) == g) {
+      a.write(i, table_word(i, 41 + g));
+    } else {
+      const std::uint32_t v = a[i];
+      if (v != table_word(i, 40) && v != table_word(i, 41 + (1 - g))) {
+        if (bad == 0) atomicMin(&t->first_bad, static_cast<unsigned long long>(i));
+        ++bad;
+      }
+    }
+  }
+  atomicAdd(&t->done, static_cast<unsigned long long>(per_thread));
+  if (bad) atomicAdd(&t->bad, bad);
+}
+
+//! Every element the operations wrote holds its writer's word.
+__global__ void two_gpu_readback(bam::array_ref<std::uint32_t> a, std::uint64_t ops, tally* t) {
+  unsigned long long bad = 0, done = 0;
+  for (std::uint64_t u = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; u < ops;
+       u += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
+    const std::uint64_t i = scatter(u, a.size());
+    if (a[i] != table_word(i, 41 + static_cast<std::uint32_t>(u % 2))) {
+      if (bad == 0) atomicMin(&t->first_bad, static_cast<unsigned long long>(i));
+      ++bad;
+    }
+    ++done;
+  }
+  atomicAdd(&t->done, done);
+  if (bad) atomicAdd(&t->bad, bad);
+}
+
+struct overload_case {
+  std::size_t page, cache;
+  std::uint64_t words; //!< the array (a power of two)
+  std::uint64_t threads;
+  int per_thread;
+};
+
+//! Both GPUs of a cache over two GPUs read and write one array at once
+//! (two_gpu_mixed), then both read back every written element; a flush puts
+//! each on the medium, and a second flush finds nothing left to write.
+void two_gpu_overload(const overload_case& k) {
+  INFO("page " << k.page << ", cache " << (k.cache >> 20) << " MiB, array " << (k.words >> 18) << " MiB, " << k.threads
+               << " threads x " << k.per_thread << " on each GPU");
+  scratch_name n;
+  const std::string dev = "emu-gpu:shm=" + n.name + ",size=" + std::to_string(k.words * 4) + ",unlink";
+  bam::page_cache cache({.page_size = k.page, .capacity = k.cache, .devices = {0, 1}});
+  REQUIRE(cache.slot_device(cache.slot_count() - 1) == 1); // slots on both GPUs
+  bam::storage s0(dev, {.device = 0});
+  bam::storage s1(dev, {.device = 1});
+  {
+    // The original table, on the medium.
+    std::vector<std::uint32_t> chunk(1u << 22);
+    for (std::uint64_t first = 0; first < k.words; first += chunk.size()) {
+      for (std::uint64_t j = 0; j < chunk.size(); ++j)
+        chunk[j] = table_word(first + j, 40);
+      bam::emu::write_media(s0, 0, first * 4, chunk.data(), chunk.size() * 4);
+    }
+  }
+  std::optional<bam::array<std::uint32_t>> a_[2];
+  a_[0].emplace(cache, s0, k.words);
+  a_[1].emplace(cache, s1, k.words);
+  const auto on_both = [&](auto&& launch) {
+    std::vector<device_tally> ts;
+    ts.reserve(2);
+    for (int g = 0; g < 2; ++g) {
+      const bam::device_scope on(g);
+      ts.emplace_back();
+      launch(g, ts.back().buf.get());
+      BAM_CUDA_TRY(cudaGetLastError());
+    }
+    std::vector<tally> out;
+    for (int g = 0; g < 2; ++g) {
+      const bam::device_scope on(g);
+      BAM_CUDA_TRY(cudaDeviceSynchronize());
+      REQUIRE_NOTHROW(a_[g]->check());
+      out.push_back(ts[static_cast<std::size_t>(g)].get());
+    }
+    return out;
+  };
+  const unsigned blocks = static_cast<unsigned>((k.threads + block_threads - 1) / block_threads);
+  const std::vector<tally> mixed = on_both(
+      [&](int g, tally* t) { two_gpu_mixed<<<blocks, block_threads>>>(a_[g]->ref(), k.threads, k.per_thread, g, t); });
+  for (int g = 0; g < 2; ++g) {
+    INFO("GPU " << g << ": first element read wrong " << mixed[static_cast<std::size_t>(g)].first_bad);
+    CHECK(mixed[static_cast<std::size_t>(g)].done == k.threads * k.per_thread);
+    CHECK(mixed[static_cast<std::size_t>(g)].bad == 0);
+  }
+  const std::uint64_t ops = k.threads * static_cast<std::uint64_t>(k.per_thread);
+  const std::vector<tally> back =
+      on_both([&](int g, tally* t) { two_gpu_readback<<<grid_blocks, block_threads>>>(a_[g]->ref(), ops, t); });
+  for (int g = 0; g < 2; ++g) {
+    INFO("GPU " << g << ": first written element read back wrong " << back[static_cast<std::size_t>(g)].first_bad);
+    CHECK(back[static_cast<std::size_t>(g)].done == ops);
+    CHECK(back[static_cast<std::size_t>(g)].bad == 0);
+  }
+  cache.flush();
+  const std::uint64_t written_back = cache.counters().writebacks;
+  cache.flush();
+  CHECK(cache.counters().writebacks == written_back); // nothing was left dirty
+  // The medium: each written element its writer's word, the others the original.
+  std::vector<std::uint32_t> medium(k.words);
+  bam::emu::read_media(s1, 0, 0, medium.data(), k.words * 4);
+  std::vector<std::uint32_t> want(k.words);
+  for (std::uint64_t i = 0; i < k.words; ++i)
+    want[i] = table_word(i, 40);
+  for (std::uint64_t u = 0; u < ops; ++u) {
+    const std::uint64_t i = scatter(u, k.words);
+    want[i] = table_word(i, 41 + static_cast<std::uint32_t>(u % 2));
+  }
+  std::uint64_t bad = 0, first = ~0ull;
+  for (std::uint64_t i = 0; i < k.words; ++i)
+    if (medium[i] != want[i]) {
+      if (bad++ == 0) first = i;
+    }
+  INFO("first wrong element on the medium " << first);
+  CHECK(bad == 0);
+}
+
+} // namespace
+
+TEST_CASE("overload over two GPUs: both read and write one array at once through a cache over both, with evictions",
+          "[node-cache][gpu][overload]") {
+  if (gpu_count() < 2) SKIP("this test needs 2 GPUs; " << gpu_count() << " found");
+  if (!peers(0, 1)) SKIP("GPUs 0 and 1 have no peer access");
+  // 512-byte pages, an array twice the cache (pages go back while both GPUs
+  // write them); 4 KiB pages, an array half the cache (a run of 262,144
+  // slots is 1 GiB: the smallest 4 KiB cache over two GPUs is 2 GiB).
+  const overload_case k = GENERATE(overload_case{512, 256ull << 20, (512ull << 20) / 4, 524'288, 16},
+                                   overload_case{4096, 2ull << 30, (1ull << 30) / 4, 524'288, 16});
+  two_gpu_overload(k);
+}
+
+TEST_CASE("overload over two GPUs, small, for the sanitizers", "[node-cache][gpu][overload][sanitize]") {
+  if (gpu_count() < 2) SKIP("this test needs 2 GPUs; " << gpu_count() << " found");
+  if (!peers(0, 1)) SKIP("GPUs 0 and 1 have no peer access");
+  two_gpu_overload({512, 256ull << 20, (512ull << 20) / 4, 16'384, 4});
 }
