@@ -18,10 +18,15 @@ training, accuracy, and each mode's epoch time relative to `memory`.
     python examples/gnn/train_sage.py /data/g --epochs 3 --json sage.json
 
 Several GPUs: one process per GPU with torchrun (torch.distributed, NCCL on
-GPUs, gloo on the CPU). Each process opens the storage and makes its own page
-cache over it, trains on its share of every epoch's mini-batches, and the
-gradients are averaged (DistributedDataParallel):
+GPUs, gloo on the CPU). Each process opens the storage, trains on its share of
+every epoch's mini-batches, and the gradients are averaged
+(DistributedDataParallel). Without --device the table is loaded once into
+shared memory (emu-gpu:shm) that every process reads. Each process makes a
+page cache of its own, or with --node-cache the processes build one cache
+together (bam.CacheGroup.from_torch()): each brings --cache-mib of its GPU's
+memory and holds one copy of a page for all:
 
+    torchrun --standalone --nproc-per-node 4 examples/gnn/train_sage.py /data/g --node-cache
     torchrun --standalone --nproc-per-node 2 examples/gnn/train_sage.py /data/g --device /dev/bam-nvme0
 
 Labels: --labels FILE.npy (one integer class per node, -1 for none), else the
@@ -44,6 +49,7 @@ import json
 import math
 import os
 import platform
+import secrets
 import subprocess
 import sys
 import time
@@ -251,7 +257,7 @@ def memmap_source(ds: Dataset, device: torch.device) -> Source:
     return Source("memmap", gather, 0.0, {"where": ds.features_file})
 
 
-def bam_source(ds: Dataset, args: argparse.Namespace) -> Source:
+def bam_source(ds: Dataset, args: argparse.Namespace, dist: "Dist") -> Source:
     try:
         import bam
         from bam.torch_geometric import FeatureStore
@@ -260,26 +266,41 @@ def bam_source(ds: Dataset, args: argparse.Namespace) -> Source:
     if ds.dtype != np.float32:
         fail("mode bam: this example reads float32 features")
     t0 = time.perf_counter()
-    table_bytes = ds.nodes * ds.row_bytes
-    device = args.device or f"emu-gpu:ram={max(64, math.ceil(table_bytes / (1 << 20)) + 1)}M"
+    mib = max(64, math.ceil(ds.nodes * ds.row_bytes / (1 << 20)) + 1)
+    device = args.device
+    if not device and dist.on:
+        # One copy of the table for every process: shared memory named by rank 0.
+        token = [secrets.token_hex(6) if dist.main else None]
+        torch.distributed.broadcast_object_list(token, src=0)
+        device = f"emu-gpu:shm=sage-{token[0]},size={mib}M,unlink"
+    device = device or f"emu-gpu:ram={mib}M"
+    # The processes of the job build one cache together (a collective).
+    group = bam.CacheGroup.from_torch() if args.node_cache else None
     storage = bam.open(device)
     placed = ds.placement
     in_process = device.startswith("emu-gpu:") or device.startswith("emu:ram")
+    shared = device.startswith("emu-gpu:shm=") or device.startswith("emu:shm=")
     if placed and placed.get("device") == device and not in_process:
         offset = int(placed["offset"])
         how = f"the table the dataset tool wrote at byte {offset}"
     else:
         offset = 0
-        r = bam.load(storage, ds.memmap(), offset=0, progress=not args.quiet)
-        how = f"loaded before training ({r.bytes} bytes)"
-    cache = bam.PageCache(page_size=args.page_size, capacity=args.cache_mib << 20)
+        if not (shared and dist.on and dist.local_rank != 0):  # shared memory: the first process of the host loads it
+            bam.load(storage, ds.memmap(), offset=0, progress=not args.quiet)
+        how = f"loaded before training ({ds.nodes * ds.row_bytes} bytes)"
+        if shared and dist.on:
+            torch.distributed.barrier()
+    cache = bam.PageCache(page_size=args.page_size, capacity=args.cache_mib << 20, group=group)
     array = bam.Array(cache, storage, (ds.nodes, ds.dim), "float32", offset)
     store = FeatureStore()
     store.add(array, group_name="node", attr_name="x")
+    layout = f"one cache over the {dist.world} processes' GPUs" if group else "a cache per process" if dist.on else "a cache"
     if not args.quiet:
-        print(f"bam: features on {device}: {how}; cache {args.cache_mib} MiB of {args.page_size}-byte pages")
+        print(f"bam: features on {device}: {how}; {layout}, {args.cache_mib} MiB of {args.page_size}-byte pages "
+              f"on each GPU")
     return Source("bam", lambda ids: store["node", "x", ids], time.perf_counter() - t0,
-                  {"device": device, "cache_mib": args.cache_mib, "page_size": args.page_size, "placement": how},
+                  {"device": device, "cache_mib": args.cache_mib, "page_size": args.page_size, "placement": how,
+                   "cache_layout": layout},
                   cache.stats)
 
 
@@ -433,6 +454,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--device", help="bam's device string (default: emu-gpu:ram sized to the table)")
     p.add_argument("--cache-mib", type=int, default=1024, help="bam's page cache")
     p.add_argument("--page-size", type=int, default=4096, help="bam's cache page size")
+    p.add_argument("--node-cache", action="store_true",
+                   help="under torchrun: the processes build one page cache together, --cache-mib on each GPU, one "
+                        "copy of a page for all (bam.CacheGroup.from_torch()); default: a cache per process")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--fanouts", default="15,10,5", help="neighbours sampled per layer")
@@ -467,6 +491,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         fail(f"--torch-device: cuda or cpu, not {args.torch_device!r}")
     if args.torch_device == "cuda" and not torch.cuda.is_available():
         fail("--torch-device cuda: torch sees no CUDA GPU (--torch-device cpu runs the memory and memmap modes)")
+    if args.node_cache and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        fail("--node-cache: one cache for the processes torchrun starts; run under torchrun --nproc-per-node N")
+    if args.node_cache and "bam" not in modes:
+        fail("--node-cache is the cache of mode bam: add bam to --features")
     if "bam" in modes and args.torch_device != "cuda":
         fail("mode bam gathers on a CUDA GPU; without one, run --features memory,memmap --torch-device cpu")
     dist = init_dist(args.torch_device)
@@ -503,7 +531,7 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"fanouts {args.fanouts}, batch {args.batch_size}, on {device}{procs}")
     results = []
     for m in modes:
-        src = bam_source(ds, args) if m == "bam" else memory_source(ds, device) if m == "memory" else memmap_source(ds, device)
+        src = bam_source(ds, args, dist) if m == "bam" else memory_source(ds, device) if m == "memory" else memmap_source(ds, device)
         results.append(run_mode(src, ds, graph, labels, splits, args, device, reference, dist))
         del src
         if device.type == "cuda":
@@ -527,7 +555,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                "dataset": {"path": os.path.abspath(ds.root), "nodes": ds.nodes, "edges": int(ds.indices.shape[0]),
                            "dim": ds.dim, "dtype": ds.dtype.name},
                "settings": {k: getattr(args, k) for k in ("epochs", "batch_size", "fanouts", "hidden", "lr", "classes",
-                                                          "train_nodes", "val_nodes", "seed", "cache_mib", "page_size")},
+                                                          "train_nodes", "val_nodes", "seed", "cache_mib", "page_size",
+                                                          "node_cache")},
                "results": results}
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -143,3 +143,48 @@ def test_the_dataset_labels_and_split_are_used(tmp_path):
     np.save(tmp_path / "split" / "valid.npy", np.flatnonzero(labels < 0)[:10])
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode != 0 and "have no label (-1)" in r.stderr
+
+
+def test_node_cache_needs_torchrun_and_mode_bam(tmp_path):
+    write_dataset(tmp_path)
+    base = [sys.executable, SCRIPT, str(tmp_path), "--torch-device", "cpu", "--node-cache"]
+    r = subprocess.run(base + ["--features", "memory"], capture_output=True, text=True, timeout=300,
+                       env={k: v for k, v in os.environ.items() if k != "WORLD_SIZE"})
+    assert r.returncode != 0
+    assert "--node-cache: one cache for the processes torchrun starts" in r.stderr
+    r = subprocess.run(base + ["--features", "memory"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "WORLD_SIZE": "2"})
+    assert r.returncode != 0
+    assert "--node-cache is the cache of mode bam" in r.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("node_cache", [False, True])
+def test_two_gpus_under_torchrun_train_like_memory(tmp_path, node_cache):
+    """torchrun with a process per GPU: the table loaded once into shared memory,
+    a cache per process or one cache over both GPUs (--node-cache); the rows and
+    the training are those of the memory mode."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs")
+    pytest.importorskip("bam")
+    write_dataset(tmp_path)
+    # 512-byte pages: the cache's runs (128 MiB) put a part on each GPU.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", SCRIPT,
+           str(tmp_path), "--features", "bam,memory", "--epochs", "4", "--batch-size", "128", "--fanouts", "5,5",
+           "--hidden", "32", "--classes", "4", "--train-nodes", "1500", "--val-nodes", "1000", "--lr", "0.01",
+           "--page-size", "512", "--cache-mib", "128", "--json", str(tmp_path / "r.json"), "--quiet"]
+    if node_cache:
+        cmd.append("--node-cache")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with open(tmp_path / "r.json") as f:
+        res = json.load(f)
+    assert res["processes"] == 2
+    by = {x["mode"]: x for x in res["results"]}
+    assert by["bam"]["checked_batches"] == 2
+    assert by["bam"]["device"].startswith("emu-gpu:shm=")
+    assert by["bam"]["cache_layout"] == ("one cache over the 2 processes' GPUs" if node_cache else "a cache per process")
+    assert by["bam"]["final_val_accuracy"] > 0.5
+    losses_bam = [e["loss"] for e in by["bam"]["epochs"]]
+    losses_mem = [e["loss"] for e in by["memory"]["epochs"]]
+    assert losses_bam == pytest.approx(losses_mem, rel=1e-4)
