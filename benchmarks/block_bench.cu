@@ -649,6 +649,18 @@ nlohmann::json gather_ceiling(const options& o, bool host, std::uint64_t bytes) 
       {"bad_words", r.second.bad}};
 }
 
+//! The GPUs' gathers of one ceiling (each with ops_per_s and bad_words), summed.
+nlohmann::json summed_gathers(const std::vector<nlohmann::json>& per, const std::string& what, std::uint32_t io) {
+  double ops = 0;
+  unsigned long long bad = 0;
+  for (const auto& r : per) {
+    ops += r["ops_per_s"].get<double>();
+    bad += r["bad_words"].get<unsigned long long>();
+  }
+  return {{"what", what},     {"gpus", per.size()},         {"io_bytes", io},
+          {"ops_per_s", ops}, {"GB_per_s", ops * io / 1e9}, {"bad_words", bad}};
+}
+
 //! gather_ceiling from pinned host memory on GPUs 0 .. n-1 at once (a host
 //! thread each, started together): what the host's memory and the GPUs' links
 //! give a medium in host memory (shm=, ram=) when n GPUs read it.
@@ -673,18 +685,8 @@ nlohmann::json host_gather_on_gpus(const options& o, int n) {
   for (auto& t : threads)
     t.join();
   if (failed) std::rethrow_exception(failed);
-  double ops = 0;
-  unsigned long long bad = 0;
-  for (const auto& r : per) {
-    ops += r["ops_per_s"].get<double>();
-    bad += r["bad_words"].get<unsigned long long>();
-  }
-  return {{"what", "GPU zero-copy random gather from pinned host memory, " + std::to_string(n) + " GPU(s) at once"},
-          {"gpus", n},
-          {"io_bytes", o.io_size},
-          {"ops_per_s", ops},
-          {"GB_per_s", ops * o.io_size / 1e9},
-          {"bad_words", bad}};
+  return summed_gathers(
+      per, "GPU zero-copy random gather from pinned host memory, " + std::to_string(n) + " GPU(s) at once", o.io_size);
 }
 
 //! The random gather of --io-size blocks on GPUs 0 .. n-1 at once from GPU
@@ -771,22 +773,15 @@ nlohmann::json spread_gather_on_gpus(const options& o, int n, bool peer) {
   for (auto& t : threads)
     t.join();
   if (failed) std::rethrow_exception(failed);
-  double ops = 0;
-  unsigned long long bad = 0;
-  for (const auto& r : per) {
-    ops += r["ops_per_s"].get<double>();
-    bad += r["bad_words"].get<unsigned long long>();
-  }
-  return {{"what", peer ? "random gather from the next GPU's memory over NVLink, " + std::to_string(n) +
-                              " GPUs at once (remote hits' ceiling)"
-                        : "random gather from GPU memory spread over " + std::to_string(n) +
-                              " GPUs, every GPU reading every part, at once (spread cache hits' ceiling)"},
-          {"gpus", n},
-          {"io_bytes", o.io_size},
-          {"bytes_per_gpu", part_bytes},
-          {"ops_per_s", ops},
-          {"GB_per_s", ops * o.io_size / 1e9},
-          {"bad_words", bad}};
+  nlohmann::json j = summed_gathers(per,
+                                    peer ? "random gather from the next GPU's memory over NVLink, " +
+                                               std::to_string(n) + " GPUs at once (remote hits' ceiling)"
+                                         : "random gather from GPU memory spread over " + std::to_string(n) +
+                                               " GPUs, every GPU reading every part, at once (spread cache hits' "
+                                               "ceiling)",
+                                    o.io_size);
+  j["bytes_per_gpu"] = part_bytes;
+  return j;
 }
 
 nlohmann::json memcpy_ceiling() {

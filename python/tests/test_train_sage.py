@@ -59,6 +59,20 @@ def run(root, out, *extra):
         return json.load(f), r.stdout
 
 
+def run_two_processes(root, *extra):
+    """train_sage.py as two processes under torchrun, on a small training; its JSON."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", SCRIPT,
+           str(root), "--epochs", "4", "--batch-size", "128", "--fanouts", "5,5", "--hidden", "32", "--classes", "4",
+           "--train-nodes", "1500", "--val-nodes", "1000", "--lr", "0.01", "--json", str(root / "r.json"), "--quiet",
+           *extra]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with open(root / "r.json") as f:
+        res = json.load(f)
+    assert res["processes"] == 2
+    return {x["mode"]: x for x in res["results"]}
+
+
 def test_memory_and_memmap_train_alike_on_the_cpu(tmp_path):
     write_dataset(tmp_path, header_bytes=128)
     res, text = run(tmp_path, tmp_path / "r.json", "--features", "memory,memmap", "--torch-device", "cpu")
@@ -76,16 +90,7 @@ def test_two_processes_share_the_epochs_and_agree(tmp_path):
     """torchrun with two processes on the CPU (gloo): each trains on its share
     of every epoch; the reported accuracy and losses are the processes' together."""
     write_dataset(tmp_path)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", SCRIPT,
-           str(tmp_path), "--features", "memory,memmap", "--torch-device", "cpu", "--epochs", "4", "--batch-size",
-           "128", "--fanouts", "5,5", "--hidden", "32", "--classes", "4", "--train-nodes", "1500", "--val-nodes",
-           "1000", "--lr", "0.01", "--json", str(tmp_path / "r.json"), "--quiet"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout + r.stderr
-    with open(tmp_path / "r.json") as f:
-        res = json.load(f)
-    assert res["processes"] == 2
-    by = {x["mode"]: x for x in res["results"]}
+    by = run_two_processes(tmp_path, "--features", "memory,memmap", "--torch-device", "cpu")
     for x in by.values():
         assert x["processes"] == 2 and x["checked_batches"] == 2
         assert x["final_val_accuracy"] > 0.5
@@ -169,18 +174,8 @@ def test_two_gpus_under_torchrun_train_like_memory(tmp_path, node_cache):
     pytest.importorskip("bam")
     write_dataset(tmp_path)
     # 512-byte pages: the cache's runs (128 MiB) put a part on each GPU.
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", SCRIPT,
-           str(tmp_path), "--features", "bam,memory", "--epochs", "4", "--batch-size", "128", "--fanouts", "5,5",
-           "--hidden", "32", "--classes", "4", "--train-nodes", "1500", "--val-nodes", "1000", "--lr", "0.01",
-           "--page-size", "512", "--cache-mib", "128", "--json", str(tmp_path / "r.json"), "--quiet"]
-    if node_cache:
-        cmd.append("--node-cache")
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout + r.stderr
-    with open(tmp_path / "r.json") as f:
-        res = json.load(f)
-    assert res["processes"] == 2
-    by = {x["mode"]: x for x in res["results"]}
+    by = run_two_processes(tmp_path, "--features", "bam,memory", "--page-size", "512", "--cache-mib", "128",
+                           *(["--node-cache"] if node_cache else []))
     assert by["bam"]["checked_batches"] == 2
     assert by["bam"]["device"].startswith("emu-gpu:shm=")
     assert by["bam"]["cache_layout"] == ("one cache over the 2 processes' GPUs" if node_cache else "a cache per process")
