@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""Train GraphSAGE on a bam-gnn dataset, with the node features read three
+"""Train GraphSAGE on a bam-gnn dataset, with the node features read several
 ways in one run, from the same seed:
 
   bam      a bam.Array on a device string (default emu-gpu:ram), served to the
@@ -8,6 +8,8 @@ ways in one run, from the same seed:
   memory   the whole table in the torch device's memory (GPU memory: the upper bound)
   memmap   a numpy.memmap of the feature file, rows gathered by the CPU and
            copied over (what users do when the table does not fit)
+  uva      (not by default) the table in pinned host memory, rows gathered
+           by the GPU zero-copy (what users do when it fits in RAM; needs CuPy)
 
 Each mode trains the same model on the same mini-batches; the script checks
 that every mode gathered the same rows (the first batches against the
@@ -65,7 +67,7 @@ try:
 except ImportError as e:  # pragma: no cover - depends on what is installed
     sys.exit(f"train_sage.py needs torch and torch_geometric (pip install torch torch_geometric): {e}")
 
-MODES = ("bam", "memory", "memmap")
+MODES = ("bam", "memory", "memmap", "uva")
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "float64": np.float64}
 
 
@@ -243,6 +245,38 @@ def memory_source(ds: Dataset, device: torch.device) -> Source:
         table[lo:hi] = torch.from_numpy(np.array(mm[lo:hi], dtype=np.float32)).to(device)
     return Source("memory", lambda ids: table[ids], time.perf_counter() - t0,
                   {"where": f"{device} memory", "bytes": table.numel() * 4})
+
+
+def uva_source(ds: Dataset, device: torch.device) -> Source:
+    """The table in pinned host memory, its rows gathered by the GPU through the
+    mapping (zero-copy, "UVA"): what PyTorch users do when the table fits in host
+    RAM. The gather is CuPy's, on torch's current stream."""
+    try:
+        import cupy as cp
+    except ImportError as e:
+        fail(f"mode uva gathers rows from pinned host memory with CuPy (pip install cupy-cuda13x): {e}")
+    if device.type != "cuda":
+        fail("mode uva gathers on a CUDA GPU")
+    t0 = time.perf_counter()
+    mm = ds.memmap()
+    host = torch.empty((ds.nodes, ds.dim), dtype=torch.float32, pin_memory=True)
+    step = max(1, (256 << 20) // ds.row_bytes)
+    for lo in range(0, ds.nodes, step):
+        hi = min(ds.nodes, lo + step)
+        host[lo:hi] = torch.from_numpy(np.array(mm[lo:hi], dtype=np.float32))
+    gpu = device.index if device.index is not None else torch.cuda.current_device()
+    with cp.cuda.Device(gpu):
+        mem = cp.cuda.UnownedMemory(host.data_ptr(), host.numel() * 4, host, gpu)
+        table = cp.ndarray((ds.nodes, ds.dim), dtype=cp.float32, memptr=cp.cuda.MemoryPointer(mem, 0))
+
+    def gather(ids: torch.Tensor) -> torch.Tensor:
+        with cp.cuda.Device(gpu), cp.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream):
+            rows = cp.take(table, cp.from_dlpack(ids.contiguous()), axis=0)
+        return torch.from_dlpack(rows)
+
+    return Source("uva", gather, time.perf_counter() - t0,
+                  {"where": "pinned host memory, gathered zero-copy by the GPU", "bytes": host.numel() * 4,
+                   "cupy": cp.__version__})
 
 
 def memmap_source(ds: Dataset, device: torch.device) -> Source:
@@ -450,7 +484,7 @@ def commit_of(path: str) -> str:
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dataset", help="a bam-gnn dataset directory (manifest.json, indptr.npy, indices.npy, features)")
-    p.add_argument("--features", default="bam,memory,memmap", help="modes to run, in order (bam, memory, memmap)")
+    p.add_argument("--features", default="bam,memory,memmap", help="modes to run, in order (bam, memory, memmap, uva)")
     p.add_argument("--device", help="bam's device string (default: emu-gpu:ram sized to the table)")
     p.add_argument("--cache-mib", type=int, default=1024, help="bam's page cache")
     p.add_argument("--page-size", type=int, default=4096, help="bam's cache page size")
@@ -531,7 +565,8 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"fanouts {args.fanouts}, batch {args.batch_size}, on {device}{procs}")
     results = []
     for m in modes:
-        src = bam_source(ds, args, dist) if m == "bam" else memory_source(ds, device) if m == "memory" else memmap_source(ds, device)
+        src = (bam_source(ds, args, dist) if m == "bam" else memory_source(ds, device) if m == "memory"
+               else uva_source(ds, device) if m == "uva" else memmap_source(ds, device))
         results.append(run_mode(src, ds, graph, labels, splits, args, device, reference, dist))
         del src
         if device.type == "cuda":

@@ -183,3 +183,17 @@ def test_two_gpus_under_torchrun_train_like_memory(tmp_path, node_cache):
     losses_bam = [e["loss"] for e in by["bam"]["epochs"]]
     losses_mem = [e["loss"] for e in by["memory"]["epochs"]]
     assert losses_bam == pytest.approx(losses_mem, rel=1e-4)
+
+
+@pytest.mark.gpu
+def test_uva_gathers_the_same_rows_and_trains_like_memory(tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    pytest.importorskip("cupy")
+    write_dataset(tmp_path)
+    res, _ = run(tmp_path, tmp_path / "r.json", "--features", "uva,memory")
+    by = {r["mode"]: r for r in res["results"]}
+    assert by["uva"]["checked_batches"] == 2
+    assert by["uva"]["final_val_accuracy"] > 0.5
+    assert [e["loss"] for e in by["uva"]["epochs"]] == pytest.approx([e["loss"] for e in by["memory"]["epochs"]],
+                                                                      rel=1e-4)
