@@ -308,7 +308,7 @@ run_result run_device(const options& o, const std::string& dev, const gpu_group*
   j["access"] = o.access;
   j["io_bytes"] = o.io_size;
   j["controllers"] = nctrl;
-  j["queues_per_controller"] = s.ref(0).nqueues;
+  j["queues_per_controller"] = s.ref(0).queue_count();
   j["queue_depth"] = s.controller_at(0).io_queue_depth();
   j["verified"] = w.verify != 0;
   if (o.mode == "range") j["verified_words"] = o.verify_all ? "every word" : "first word of every 512 bytes";
@@ -331,7 +331,7 @@ run_result run_device(const options& o, const std::string& dev, const gpu_group*
     bam::detail::aligned_device_memory buf(bytes, bam::gpu_page_size);
     auto map = s.map(buf.data(), buf.size());
     j["buffer_slots"] = slots;
-    j["in_flight_max"] = std::min<std::uint64_t>(threads, std::uint64_t{nctrl} * s.ref(0).nqueues *
+    j["in_flight_max"] = std::min<std::uint64_t>(threads, std::uint64_t{nctrl} * s.ref(0).queue_count() *
                                                               (s.controller_at(0).io_queue_depth() - 1));
     r = timed(
         o,

@@ -100,8 +100,8 @@ __global__ void raw_kernel(const bam::queue_set_ref* ctrls, std::uint32_t nctrl,
     const std::uint64_t h = mix(w.seed ^ (tid * 0x100000001b3ull + op));
     const std::uint32_t c = static_cast<std::uint32_t>((h >> 20) % nctrl);
     const bam::queue_set_ref& q = ctrls[c];
-    const std::uint64_t unit = unit_of(w, tid, op, nthreads, h) % (q.nblocks * q.lba_size / w.unit_bytes);
-    const std::uint32_t nblocks = w.unit_bytes / q.lba_size;
+    const std::uint64_t unit = unit_of(w, tid, op, nthreads, h) % (q.blocks() * q.lba_size() / w.unit_bytes);
+    const std::uint32_t nblocks = w.unit_bytes / q.lba_size();
     const std::uint64_t lba = unit * nblocks;
     const bool rd = is_read(w, h);
     if (!rd && data)

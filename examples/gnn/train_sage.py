@@ -346,6 +346,39 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def host_memory() -> Dict[str, int]:
+    """This process's resident host memory now, in bytes: its own (anonymous)
+    pages, and the shared ones it has touched (shared memory such as an
+    `emu-gpu:shm` table, mapped files), which every process touching them
+    counts again."""
+    kib = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("RssAnon", "RssFile", "RssShmem"):
+                    kib[key] = int(rest.split()[0])
+    except OSError:
+        return {}
+    return {"host_own_bytes": kib.get("RssAnon", 0) << 10,
+            "host_shared_bytes": (kib.get("RssFile", 0) + kib.get("RssShmem", 0)) << 10}
+
+
+def memory_used(device: torch.device, dist: "Dist") -> Dict[str, int]:
+    """Memory a mode holds, taken while it runs: host memory per process, the
+    GPU's memory in use (everything on this process's GPU: the CUDA context,
+    torch's allocations, a bam cache) and torch's own peak. The largest over
+    the job's processes."""
+    m = host_memory()
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        m["gpu_used_bytes"] = total - free
+        m["torch_peak_bytes"] = torch.cuda.max_memory_allocated(device)
+    keys = sorted(m)
+    top = dist.reduce([float(m[k]) for k in keys], "max", device)
+    return {f"{k.removesuffix('_bytes')}_bytes_max_per_process": int(v) for k, v in zip(keys, top)}
+
+
 @dataclass
 class Dist:
     """This process's place among those torchrun started (rank 0 of 1 without it)."""
@@ -449,7 +482,7 @@ def run_mode(src: Source, ds: Dataset, graph, labels: torch.Tensor, splits, args
     res = {"mode": src.name, "setup_s": src.setup_s, "epochs": epochs, "epoch_s": float(np.median(steady)),
            "final_val_accuracy": epochs[-1]["val_accuracy"], "gathered_bytes": gathered_bytes,
            "gather_GB_per_s": gathered_bytes / max(1e-9, sum(e["gather_s"] for e in epochs)) / 1e9,
-           "checked_batches": checked, "processes": dist.world, **src.detail}
+           "checked_batches": checked, "processes": dist.world, "memory": memory_used(device, dist), **src.detail}
     if src.stats is not None:
         res["cache_stats"] = src.stats()
     return res
@@ -565,6 +598,8 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"fanouts {args.fanouts}, batch {args.batch_size}, on {device}{procs}")
     results = []
     for m in modes:
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         src = (bam_source(ds, args, dist) if m == "bam" else memory_source(ds, device) if m == "memory"
                else uva_source(ds, device) if m == "uva" else memmap_source(ds, device))
         results.append(run_mode(src, ds, graph, labels, splits, args, device, reference, dist))
@@ -578,10 +613,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not dist.main:
             return 0
     base = next((r for r in results if r["mode"] == "memory"), None)
-    print(f"\n{'mode':>7} {'epoch s':>9} {'vs memory':>10} {'gather GB/s':>12} {'val acc':>8}")
+    print(f"\n{'mode':>7} {'epoch s':>9} {'vs memory':>10} {'gather GB/s':>12} {'val acc':>8} {'GPU GiB':>8} "
+          f"{'host GiB':>9}")
     for r in results:
         ratio = f"{r['epoch_s'] / base['epoch_s']:.2f}x" if base else "-"
-        print(f"{r['mode']:>7} {r['epoch_s']:9.3f} {ratio:>10} {r['gather_GB_per_s']:12.2f} {r['final_val_accuracy']:8.4f}")
+        mem = r["memory"]
+        gpu = f"{mem['gpu_used_bytes_max_per_process'] / 2**30:.2f}" if "gpu_used_bytes_max_per_process" in mem else "-"
+        host = f"{mem['host_own_bytes_max_per_process'] / 2**30:.2f}" if "host_own_bytes_max_per_process" in mem else "-"
+        print(f"{r['mode']:>7} {r['epoch_s']:9.3f} {ratio:>10} {r['gather_GB_per_s']:12.2f} {r['final_val_accuracy']:8.4f} "
+              f"{gpu:>8} {host:>9}")
     if args.json:
         out = {"benchmark": "train_sage", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
                "commit": commit_of(os.path.dirname(os.path.abspath(__file__))), "torch": torch.__version__,

@@ -84,6 +84,10 @@ def test_memory_and_memmap_train_alike_on_the_cpu(tmp_path):
     # Same rows, same batches, same seed: the same training, loss for loss.
     assert [e["loss"] for e in by["memory"]["epochs"]] == [e["loss"] for e in by["memmap"]["epochs"]]
     assert "vs memory" in text
+    # Memory per process: host only on the CPU; the memory mode holds the table.
+    mem = by["memory"]["memory"]
+    assert set(mem) == {"host_own_bytes_max_per_process", "host_shared_bytes_max_per_process"}
+    assert mem["host_own_bytes_max_per_process"] >= NODES * DIM * 4
 
 
 def test_two_processes_share_the_epochs_and_agree(tmp_path):
@@ -179,6 +183,10 @@ def test_two_gpus_under_torchrun_train_like_memory(tmp_path, node_cache):
     assert by["bam"]["checked_batches"] == 2
     assert by["bam"]["device"].startswith("emu-gpu:shm=")
     assert by["bam"]["cache_layout"] == ("one cache over the 2 processes' GPUs" if node_cache else "a cache per process")
+    # Each process's GPU holds its cache (or its part of the node's), outside torch's allocator.
+    mem = by["bam"]["memory"]
+    assert mem["gpu_used_bytes_max_per_process"] >= 128 << 20
+    assert mem["torch_peak_bytes_max_per_process"] < mem["gpu_used_bytes_max_per_process"]
     assert by["bam"]["final_val_accuracy"] > 0.5
     losses_bam = [e["loss"] for e in by["bam"]["epochs"]]
     losses_mem = [e["loss"] for e in by["memory"]["epochs"]]

@@ -15,20 +15,22 @@ namespace {
 struct fixture {
   std::vector<std::uint64_t> lists = std::vector<std::uint64_t>(4 * 15 * 16, 0);
   std::vector<std::uint64_t> list_bus;
+  bam::queue_set_layout l;
   bam::queue_set_ref q;
   fixture() {
     // 4 queues of 16 entries (15 command ids), 16 list entries per id (64 KiB).
-    q.nqueues = 4;
-    q.lba_size = 512;
-    q.lba_shift = 9;
-    q.nblocks = 1 << 20;
-    q.list_entries = 16;
-    q.cids_per_queue = 15;
-    q.max_transfer_bytes = 64 * 1024;
-    q.prp_lists = lists.data();
+    l.nqueues = 4;
+    l.lba_size = 512;
+    l.lba_shift = 9;
+    l.nblocks = 1 << 20;
+    l.list_entries = 16;
+    l.cids_per_queue = 15;
+    l.max_transfer_bytes = 64 * 1024;
+    l.prp_lists = lists.data();
     for (std::size_t i = 0; i < lists.size() * 8 / 4096; ++i)
       list_bus.push_back(0x7000'0000ull + i * 4096);
-    q.prp_list_bus = list_bus.data();
+    l.prp_list_bus = list_bus.data();
+    q = bam::queue_set_ref(l);
   }
 };
 
@@ -45,7 +47,8 @@ TEST_CASE("GPU I/O requests that PRPs cannot describe are refused before submiss
   CHECK(!f.q.check_rw(0, 129, 0).ok());           // over the largest transfer
   CHECK(f.q.check_rw(0, 128, 0).ok());            // 64 KiB page aligned: 16 pages
   CHECK(f.q.check_rw(0, 128, 512).ok());          // 17 pages: PRP1 and 16 list entries
-  f.q.list_entries = 8;                           // lists of 8 entries: 9 pages at most
+  f.l.list_entries = 8;                           // lists of 8 entries: 9 pages at most
+  f.q = bam::queue_set_ref(f.l);
   CHECK(!f.q.check_rw(0, 128, 0).ok());
   CHECK(f.q.check_rw(0, 72, 0).ok());
   CHECK(!f.q.check_rw(0, 72, 512).ok());

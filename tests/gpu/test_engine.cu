@@ -23,11 +23,11 @@ __global__ void direct_read_kernel(bam::queue_set_ref q, const std::uint64_t* bu
                                    std::uint32_t blocks, std::uint32_t iters, std::uint32_t ctrl_index,
                                    std::uint64_t misalign, counters* c) {
   const std::uint64_t tid = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
-  const std::uint64_t bytes = static_cast<std::uint64_t>(blocks) * q.lba_size;
+  const std::uint64_t bytes = static_cast<std::uint64_t>(blocks) * q.lba_size();
   // 512-byte (not 4 KiB) aligned destination: PRP1 carries an offset.
   const std::uint64_t offset = tid * (bytes + 512) + misalign;
   for (std::uint32_t it = 0; it < iters; ++it) {
-    const std::uint64_t lba = bam_test::rnd(tid * 977 + it) % (q.nblocks - blocks);
+    const std::uint64_t lba = bam_test::rnd(tid * 977 + it) % (q.blocks() - blocks);
     const bam::nvme::status st = q.read(lba, blocks, bus, offset);
     if (!st.ok()) {
       atomicAdd(&c->errors, 1ull);
@@ -37,8 +37,8 @@ __global__ void direct_read_kernel(bam::queue_set_ref q, const std::uint64_t* bu
     unsigned long long b = 0;
     for (std::uint32_t w = 0; w < bytes / 4; ++w) {
       const std::uint64_t byte = w * 4ull;
-      b += bam::detail::ld_cg(words + w) !=
-           bam_test::pattern(ctrl_index, lba + byte / q.lba_size, static_cast<std::uint32_t>((byte % q.lba_size) / 4));
+      b += bam::detail::ld_cg(words + w) != bam_test::pattern(ctrl_index, lba + byte / q.lba_size(),
+                                                              static_cast<std::uint32_t>((byte % q.lba_size()) / 4));
     }
     if (b) atomicAdd(&c->bad, b);
     atomicAdd(&c->done, 1ull);

@@ -314,9 +314,9 @@ public:
                   std::to_string(s.lba_size()) + " of " + where);
     for (std::uint32_t i = 0; i < s.controller_count(); ++i) {
       const queue_set_ref q = s.ref(i);
-      if (cfg_.page_size > q.max_transfer_bytes)
+      if (cfg_.page_size > q.max_transfer_bytes())
         throw error("page_cache: pages of " + std::to_string(cfg_.page_size) + " bytes exceed the largest transfer (" +
-                    std::to_string(q.max_transfer_bytes) + " bytes) of controller " + s.controller_name(i));
+                    std::to_string(q.max_transfer_bytes()) + " bytes) of controller " + s.controller_name(i));
     }
     const std::uint32_t bpp = static_cast<std::uint32_t>(cfg_.page_size / s.lba_size());
     const std::uint32_t nctrl = s.controller_count();

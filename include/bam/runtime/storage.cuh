@@ -314,7 +314,7 @@ private:
         qs.push_back(c.io_queue(q));
       pc.queues = device_buffer<nvme::queue_pair_ref>(qs.size());
       copy_to_device(pc.queues.get(), qs.data(), qs.size());
-      queue_set_ref r;
+      queue_set_layout r;
       r.queues = pc.queues.get();
       r.nqueues = static_cast<std::uint32_t>(qs.size());
       r.nsid = s.opts.nsid;
@@ -339,7 +339,7 @@ private:
       copy_to_device(pc.list_bus.get(), pc.lists->page_bus().data(), pc.lists->page_bus().size());
       r.prp_lists = pc.lists->as<std::uint64_t>();
       r.prp_list_bus = pc.list_bus.get();
-      refs.push_back(r);
+      refs.emplace_back(r);
       s.per.push_back(std::move(pc));
     }
     s.host_refs = refs;

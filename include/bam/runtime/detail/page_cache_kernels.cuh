@@ -90,7 +90,7 @@ __global__ void flush_controllers_kernel(const queue_set_ref* ctrls, std::uint32
   if (i >= n) return;
   io_slot io;
   io.start_flush(ctrls[i]);
-  warp_io_run(io, mask, ctrls[i].queues[0].timeout_ns);
+  warp_io_run(io, mask, ctrls[i].timeout_ns());
   const nvme::status st(io.status);
   if (!st.ok()) err->record(st, failure_site::page(0, i));
 }

@@ -233,7 +233,7 @@ BAM_DEVICE BAM_NOINLINE inline void page_cache_ref::load_file_part(detail::page_
                                                                    const detail::space_ref& sp) const {
   const std::uint64_t p = r.key & detail::key_page_mask;
   const std::uint32_t bpp = sp.blocks_per_page;
-  const std::uint32_t lba_shift = sp.ctrls[0].lba_shift;
+  const std::uint32_t lba_shift = sp.ctrls[0].lba_shift();
   const std::uint64_t page = static_cast<std::uint64_t>(r.slot) << page_shift_;
   while (r.wb_slot < bpp) {
     const extent_map_ref::where w = sp.file->find(p * bpp + r.wb_slot);

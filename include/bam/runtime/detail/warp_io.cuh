@@ -57,7 +57,7 @@ struct io_slot {
   io_state state = io_state::none;
   std::uint16_t status = 0;
 
-  BAM_DEVICE const nvme::queue_pair_ref& q() const { return qs->queues[queue]; }
+  BAM_DEVICE const nvme::queue_pair_ref& q() const { return qs->queue(queue); }
 
   //! Describe a read/write; checks it first (a bad request completes at once).
   BAM_DEVICE void start_rw(const queue_set_ref& set, nvme::nvm_opcode o, std::uint64_t l, std::uint32_t n,
@@ -70,7 +70,7 @@ struct io_slot {
     offset = off;
     queue = set.pick_queue();
     const nvme::status st =
-        device_progress_compiled(set.progress) ? set.check_rw(l, n, off) : nvme::status_no_progress_hook;
+        device_progress_compiled(set.progress()) ? set.check_rw(l, n, off) : nvme::status_no_progress_hook;
     status = st.raw;
     state = st.ok() ? io_state::need_ticket : io_state::done;
   }
@@ -79,7 +79,7 @@ struct io_slot {
     qs = &set;
     op = nvme::nvm_opcode::flush;
     queue = set.pick_queue();
-    const bool served = device_progress_compiled(set.progress);
+    const bool served = device_progress_compiled(set.progress());
     status = served ? 0 : nvme::status_no_progress_hook.raw;
     state = served ? io_state::need_ticket : io_state::done;
   }
@@ -88,7 +88,7 @@ struct io_slot {
 //! Build the lane's command (PRPs in its command id's list) and write its entry.
 BAM_DEVICE BAM_NOINLINE inline void write_command(io_slot& s) {
   const nvme::queue_pair_ref& q = s.q();
-  const nvme::command cmd = s.op == nvme::nvm_opcode::flush ? nvme::make_flush(s.qs->nsid)
+  const nvme::command cmd = s.op == nvme::nvm_opcode::flush ? nvme::make_flush(s.qs->nsid())
                                                             : s.qs->build_rw(s.op, s.lba, s.nblocks, s.page_bus,
                                                                              s.offset, s.queue, q.cid_of(s.ticket));
   q.write_entry(s.ticket, cmd);
@@ -147,7 +147,7 @@ BAM_DEVICE inline bool warp_io_step(io_slot& s, unsigned mask) {
     const auto saddr = __shfl_sync(mask, reinterpret_cast<unsigned long long>(s.qs), leader);
     const auto& q = *reinterpret_cast<const nvme::queue_pair_ref*>(qaddr);
     const auto& set = *reinterpret_cast<const queue_set_ref*>(saddr);
-    if (make_progress(set.progress, q.qid, mask)) moved = true;
+    if (make_progress(set.progress(), q.qid, mask)) moved = true;
     if (lane == leader) {
       q.ring(); // entries published while another lane held the doorbell lock
       if (q.poll() != 0) moved = true;
@@ -279,7 +279,7 @@ BAM_DEVICE inline std::uint32_t queue_set_ref::pick_queue() const {
   unsigned smid, warpid;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
   asm volatile("mov.u32 %0, %%warpid;" : "=r"(warpid));
-  return (smid + warpid * num_sms) % nqueues;
+  return (smid + warpid * l_.num_sms) % l_.nqueues;
 #else
   return 0;
 #endif
@@ -290,7 +290,7 @@ BAM_DEVICE inline nvme::status queue_set_ref::io(nvme::nvm_opcode op, std::uint6
   const unsigned mask = __activemask();
   detail::io_slot s;
   s.start_rw(*this, op, lba, n, page_bus, offset);
-  detail::warp_io_run(s, mask, queues[0].timeout_ns);
+  detail::warp_io_run(s, mask, timeout_ns());
   return nvme::status(s.status);
 }
 
@@ -298,7 +298,7 @@ BAM_DEVICE inline nvme::status queue_set_ref::flush() const {
   const unsigned mask = __activemask();
   detail::io_slot s;
   s.start_flush(*this);
-  detail::warp_io_run(s, mask, queues[0].timeout_ns);
+  detail::warp_io_run(s, mask, timeout_ns());
   return nvme::status(s.status);
 }
 
