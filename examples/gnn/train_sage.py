@@ -60,6 +60,9 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import generated_features  # noqa: E402  (beside this script)
+
 try:
     import torch
     import torch.nn.functional as F
@@ -84,19 +87,47 @@ class Dataset:
     nodes: int
     dim: int
     dtype: np.dtype
-    features_file: str
+    features_file: Optional[str]  # None: generated features kept only on a device (--no-features-file)
     features_offset: int
     indptr: np.ndarray
     indices: np.ndarray
     placement: Optional[dict]
+    feature_seed: Optional[int]  # generated features: their seed
 
     def memmap(self) -> np.memmap:
+        if self.features_file is None:
+            fail(f"{self.root}: the dataset has no feature file (made with --no-features-file); its table is on "
+                 f"{self.placement['device'] if self.placement else 'no device'}")
         return np.memmap(self.features_file, dtype=self.dtype, mode="r", offset=self.features_offset,
                          shape=(self.nodes, self.dim))
 
     @property
     def row_bytes(self) -> int:
         return self.dim * self.dtype.itemsize
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """Rows `ids` as float32, from the file or, without one, from the generator."""
+        if self.features_file is None:
+            return generated_features.rows_numpy(self.feature_seed, ids, self.dim)
+        return np.asarray(self.memmap()[ids], dtype=np.float32)
+
+    def chunks(self, device: torch.device, chunk_bytes: int = 256 << 20):
+        """The table in pieces: (lo, hi, rows lo .. hi-1 as float32 on `device`),
+        read from the file or, without one, generated on `device`."""
+        mm = self.memmap() if self.features_file is not None else None
+        step = max(1, chunk_bytes // self.row_bytes)
+        for lo in range(0, self.nodes, step):
+            hi = min(self.nodes, lo + step)
+            if mm is None:
+                yield lo, hi, generated_features.rows_torch(self.feature_seed, lo, hi, self.dim, device)
+            else:
+                yield lo, hi, torch.from_numpy(np.array(mm[lo:hi], dtype=np.float32)).to(device)
+
+    def fill(self, table: torch.Tensor) -> None:
+        """The whole table into `table` (nodes x dim float32, any torch device)."""
+        gen_device = table.device if table.device.type == "cuda" or torch.cuda.device_count() == 0 else "cuda"
+        for lo, hi, rows in self.chunks(gen_device if self.features_file is None else table.device):
+            table[lo:hi] = rows
 
 
 def open_dataset(root: str) -> Dataset:
@@ -117,30 +148,34 @@ def open_dataset(root: str) -> Dataset:
     nodes = int(m["nodes"])
     if indptr.shape != (nodes + 1,) or int(indptr[-1]) != indices.shape[0]:
         fail(f"{root}: the CSR arrays do not match the manifest ({nodes} nodes, {indices.shape[0]} edges)")
-    ffile = feats["file"]
-    if not os.path.isabs(ffile):
+    ffile = feats.get("file") or None
+    generated = feats.get("source") == "generated"
+    if ffile is None and not (generated and m.get("device")):
+        fail(f"{path}: the features have no file and are not on a device")
+    if ffile is not None and not os.path.isabs(ffile):
         ffile = os.path.join(root, ffile)
     ds = Dataset(root, nodes, int(feats["dim"]), np.dtype(NUMPY_DTYPES[feats["dtype"]]), ffile,
-                 int(feats.get("file_offset", 0)), indptr.astype(np.int64, copy=False), indices, m.get("device"))
+                 int(feats.get("file_offset", 0)), indptr.astype(np.int64, copy=False), indices, m.get("device"),
+                 int(feats["seed"]) if generated else None)
+    if ffile is None and ds.dtype != np.float32:
+        fail(f"{path}: generated features are float32")
     need = ds.features_offset + ds.nodes * ds.row_bytes
-    if os.path.getsize(ffile) < need:
+    if ffile is not None and os.path.getsize(ffile) < need:
         fail(f"{ffile}: {os.path.getsize(ffile)} bytes, the manifest needs {need}")
     return ds
 
 
-def make_labels(ds: Dataset, classes: int, seed: int, path: Optional[str]) -> np.ndarray:
+def make_labels(ds: Dataset, classes: int, seed: int, path: Optional[str], device: torch.device) -> np.ndarray:
     if path:
         y = np.load(path)
         if y.shape != (ds.nodes,) or not np.issubdtype(y.dtype, np.integer):
             fail(f"{path}: labels must be one integer per node ({ds.nodes}), got {y.dtype} {y.shape}")
         return y.astype(np.int64)
-    proj = np.random.default_rng(seed).standard_normal((ds.dim, classes)).astype(np.float32)
-    mm = ds.memmap()
+    proj = torch.from_numpy(np.random.default_rng(seed).standard_normal((ds.dim, classes)).astype(np.float32))
+    proj = proj.to(device)
     y = np.empty(ds.nodes, dtype=np.int64)
-    step = max(1, (64 << 20) // ds.row_bytes)
-    for lo in range(0, ds.nodes, step):
-        hi = min(ds.nodes, lo + step)
-        y[lo:hi] = np.argmax(np.asarray(mm[lo:hi], dtype=np.float32) @ proj, axis=1)
+    for lo, hi, rows in ds.chunks(device, 64 << 20):
+        y[lo:hi] = torch.argmax(rows @ proj, dim=1).cpu().numpy()
     return y
 
 
@@ -237,12 +272,8 @@ class Source:
 
 def memory_source(ds: Dataset, device: torch.device) -> Source:
     t0 = time.perf_counter()
-    mm = ds.memmap()
     table = torch.empty((ds.nodes, ds.dim), dtype=torch.float32, device=device)
-    step = max(1, (256 << 20) // ds.row_bytes)
-    for lo in range(0, ds.nodes, step):
-        hi = min(ds.nodes, lo + step)
-        table[lo:hi] = torch.from_numpy(np.array(mm[lo:hi], dtype=np.float32)).to(device)
+    ds.fill(table)
     return Source("memory", lambda ids: table[ids], time.perf_counter() - t0,
                   {"where": f"{device} memory", "bytes": table.numel() * 4})
 
@@ -258,12 +289,8 @@ def uva_source(ds: Dataset, device: torch.device) -> Source:
     if device.type != "cuda":
         fail("mode uva gathers on a CUDA GPU")
     t0 = time.perf_counter()
-    mm = ds.memmap()
     host = torch.empty((ds.nodes, ds.dim), dtype=torch.float32, pin_memory=True)
-    step = max(1, (256 << 20) // ds.row_bytes)
-    for lo in range(0, ds.nodes, step):
-        hi = min(ds.nodes, lo + step)
-        host[lo:hi] = torch.from_numpy(np.array(mm[lo:hi], dtype=np.float32))
+    ds.fill(host)
     gpu = device.index if device.index is not None else torch.cuda.current_device()
     with cp.cuda.Device(gpu):
         mem = cp.cuda.UnownedMemory(host.data_ptr(), host.numel() * 4, host, gpu)
@@ -280,6 +307,8 @@ def uva_source(ds: Dataset, device: torch.device) -> Source:
 
 
 def memmap_source(ds: Dataset, device: torch.device) -> Source:
+    if ds.features_file is None:
+        fail("mode memmap reads the feature file, and this dataset has none (made with --no-features-file)")
     mm = ds.memmap()
 
     def gather(ids: torch.Tensor) -> torch.Tensor:
@@ -289,6 +318,12 @@ def memmap_source(ds: Dataset, device: torch.device) -> Source:
         return rows.to(device, non_blocking=True)
 
     return Source("memmap", gather, 0.0, {"where": ds.features_file})
+
+
+def in_process_medium(device: str) -> bool:
+    """A software-controller medium that lives and dies with its process
+    (not shared memory, not a file or an SSD)."""
+    return device.startswith(("emu-gpu:", "emu:ram")) and not device.startswith(("emu-gpu:shm=", "emu:shm="))
 
 
 def bam_source(ds: Dataset, args: argparse.Namespace, dist: "Dist") -> Source:
@@ -302,6 +337,9 @@ def bam_source(ds: Dataset, args: argparse.Namespace, dist: "Dist") -> Source:
     t0 = time.perf_counter()
     mib = max(64, math.ceil(ds.nodes * ds.row_bytes / (1 << 20)) + 1)
     device = args.device
+    placed = ds.placement
+    if not device and placed and ds.features_file is None:
+        device = placed["device"]  # the table is only there (an SSD, shared memory)
     if not device and dist.on:
         # One copy of the table for every process: shared memory named by rank 0.
         token = [secrets.token_hex(6) if dist.main else None]
@@ -311,13 +349,17 @@ def bam_source(ds: Dataset, args: argparse.Namespace, dist: "Dist") -> Source:
     # The processes of the job build one cache together (a collective).
     group = bam.CacheGroup.from_torch() if args.node_cache else None
     storage = bam.open(device)
-    placed = ds.placement
-    in_process = device.startswith("emu-gpu:") or device.startswith("emu:ram")
-    shared = device.startswith("emu-gpu:shm=") or device.startswith("emu:shm=")
-    if placed and placed.get("device") == device and not in_process:
+    shared = device.startswith(("emu-gpu:shm=", "emu:shm="))
+    if placed and placed.get("device") == device and not in_process_medium(device):
         offset = int(placed["offset"])
         how = f"the table the dataset tool wrote at byte {offset}"
     else:
+        if ds.features_file is None:
+            where = placed["device"]
+            fail(f"mode bam: the dataset has no feature file, and its table was written to {where}, "
+                 + ("a medium that ends with the process that wrote it: make the dataset again onto one that "
+                    "outlives it (emu-gpu:shm=NAME,size=..., a file, an SSD)" if in_process_medium(where)
+                    else "(run without --device, or with that device)"))
         offset = 0
         if not (shared and dist.on and dist.local_rank != 0):  # shared memory: the first process of the host loads it
             bam.load(storage, ds.memmap(), offset=0, progress=not args.quiet)
@@ -578,7 +620,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ds = open_dataset(args.dataset)
     if args.labels is None and os.path.isfile(os.path.join(ds.root, "labels.npy")):
         args.labels = os.path.join(ds.root, "labels.npy")
-    labels_np = make_labels(ds, args.classes, args.seed, args.labels)
+    labels_np = make_labels(ds, args.classes, args.seed, args.labels, device)
     train_np, val_np = make_splits(ds, labels_np, args)
     n_train, n_val = len(train_np), len(val_np)
     args.train_nodes, args.val_nodes = n_train, n_val  # as recorded in the JSON
@@ -586,10 +628,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     labels = torch.from_numpy(labels_np).to(device)
     args.classes = max(args.classes, int(labels.max()) + 1)
     graph = (torch.from_numpy(ds.indptr).to(device), torch.from_numpy(ds.indices).to(device))
-    mm = ds.memmap()
-
     def reference(ids: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(np.asarray(mm[ids.cpu().numpy()], dtype=np.float32))
+        return torch.from_numpy(ds.rows(ids.cpu().numpy()))
 
     if not args.quiet:
         procs = f", {dist.world} processes" if dist.on else ""

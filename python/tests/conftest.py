@@ -1,4 +1,6 @@
 # SPDX-License-Identifier: MIT
+import os
+
 import pytest
 
 import bam
@@ -33,3 +35,13 @@ def image(tmp_path):
     """A device string for a 16 MiB software controller over a file (a generous
     command timeout: a busy CI machine's disk may stall for seconds)."""
     return f"emu:file={tmp_path / 'disk.img'},size=16M,timeout=60s"
+
+
+@pytest.fixture
+def bam_gnn():
+    """The dataset tool's path: $BAM_GNN, else examples/bam-gnn of the build
+    directory the tests run from; the test is skipped without one."""
+    for p in (os.environ.get("BAM_GNN"), os.path.join(os.getcwd(), "examples", "bam-gnn")):
+        if p and os.access(p, os.X_OK):
+            return p
+    pytest.skip("the bam-gnn program is not built here (set BAM_GNN, or run from a build directory with examples)")

@@ -17,13 +17,6 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "gnn", 
 NODES, DIM, EDGES = 500, 8, 2000
 
 
-def bam_gnn():
-    for p in (os.environ.get("BAM_GNN"), os.path.join(os.getcwd(), "examples", "bam-gnn")):
-        if p and os.access(p, os.X_OK):
-            return p
-    pytest.skip("the bam-gnn program is not built here (set BAM_GNN, or run from a build directory with examples)")
-
-
 def write_ogb(root, feat_dtype=np.float16, compressed=True, labels=True):
     rng = np.random.default_rng(5)
     raw, split = os.path.join(root, "raw"), os.path.join(root, "split", "time")
@@ -55,11 +48,10 @@ def run(*args, env=None):
 
 
 @pytest.mark.parametrize("dtype,compressed", [(np.float16, True), (np.float32, False)])
-def test_import_matches_the_ogb_arrays(tmp_path, dtype, compressed):
-    tool = bam_gnn()
+def test_import_matches_the_ogb_arrays(tmp_path, dtype, compressed, bam_gnn):
     feats, edge_index, y, parts = write_ogb(tmp_path / "ogb", dtype, compressed)
     out = tmp_path / "ds"
-    r = run(tmp_path / "ogb", out, "--bam-gnn", tool, "--quiet")
+    r = run(tmp_path / "ogb", out, "--bam-gnn", bam_gnn, "--quiet")
     assert r.returncode == 0, r.stdout + r.stderr
 
     m = json.load(open(out / "manifest.json"))
@@ -83,33 +75,31 @@ def test_import_matches_the_ogb_arrays(tmp_path, dtype, compressed):
     for name, ids in parts.items():
         assert np.array_equal(np.load(out / "split" / f"{name}.npy"), ids)
 
-    r = subprocess.run([tool, "-q", "check", str(out)], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([bam_gnn, "-q", "check", str(out)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
-def test_directed_stores_each_edge_once(tmp_path):
-    tool = bam_gnn()
+def test_directed_stores_each_edge_once(tmp_path, bam_gnn):
     _, edge_index, _, _ = write_ogb(tmp_path / "ogb")
-    r = run(tmp_path / "ogb", tmp_path / "ds", "--bam-gnn", tool, "--quiet", "--directed")
+    r = run(tmp_path / "ogb", tmp_path / "ds", "--bam-gnn", bam_gnn, "--quiet", "--directed")
     assert r.returncode == 0, r.stdout + r.stderr
     indices = np.load(tmp_path / "ds" / "indices.npy")
     assert indices.shape[0] == len({(int(u), int(v)) for u, v in edge_index.T})  # duplicates stored once
 
 
-def test_bad_input_says_what_is_wrong(tmp_path):
-    tool = bam_gnn()
-    r = run(tmp_path, tmp_path / "ds", "--bam-gnn", tool)
+def test_bad_input_says_what_is_wrong(tmp_path, bam_gnn):
+    r = run(tmp_path, tmp_path / "ds", "--bam-gnn", bam_gnn)
     assert r.returncode == 2 and "no raw/data.npz" in r.stderr
 
     os.makedirs(tmp_path / "x" / "raw")
     np.savez(tmp_path / "x" / "raw" / "data.npz", edge_index=np.zeros((2, 1), np.int64))
-    r = run(tmp_path / "x", tmp_path / "ds", "--bam-gnn", tool)
+    r = run(tmp_path / "x", tmp_path / "ds", "--bam-gnn", bam_gnn)
     assert r.returncode == 2 and "no array 'node_feat'" in r.stderr and "edge_index" in r.stderr
 
     os.makedirs(tmp_path / "y" / "raw")
     np.savez(tmp_path / "y" / "raw" / "data.npz", edge_index=np.zeros((2, 1), np.int64),
              node_feat=np.zeros((4, 2), np.float64))
-    r = run(tmp_path / "y", tmp_path / "ds2", "--bam-gnn", tool)
+    r = run(tmp_path / "y", tmp_path / "ds2", "--bam-gnn", bam_gnn)
     assert r.returncode == 2 and "float32 or float16" in r.stderr
 
     write_ogb(tmp_path / "z")

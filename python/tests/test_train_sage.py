@@ -111,6 +111,56 @@ def test_a_short_feature_file_is_refused(tmp_path):
     assert "the manifest needs" in r.stderr
 
 
+def make_twins(bam_gnn, root):
+    """One dataset made twice by the tool: with its feature file, and with the
+    table only on a device (--no-features-file). Their directories."""
+    common = ["--nodes", "3000", "--degree", "8", "--dim", "16", "--seed", "3"]
+    dev = f"emu:file={root / 'disk.img'},size=8M,timeout=60s"
+    for name, extra in (("file", []), ("nofile", ["--no-features-file", "--device", dev])):
+        r = subprocess.run([bam_gnn, "-q", "make", str(root / name), *common, *extra], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert not (root / "nofile" / "features.bin").exists()
+    return root / "file", root / "nofile"
+
+
+def test_a_dataset_without_a_feature_file_trains_alike(tmp_path, bam_gnn):
+    """The rows of a table kept only on a device are generated where they are
+    needed (the checks, the memory mode, the labels): the same training as the
+    same dataset with its file. The memmap mode, which reads the file, is
+    refused, saying why."""
+    with_file, without = make_twins(bam_gnn, tmp_path)
+    a, _ = run(with_file, tmp_path / "a.json", "--features", "memory", "--torch-device", "cpu")
+    b, _ = run(without, tmp_path / "b.json", "--features", "memory", "--torch-device", "cpu")
+    assert b["results"][0]["checked_batches"] == 2
+    assert [e["loss"] for e in a["results"][0]["epochs"]] == [e["loss"] for e in b["results"][0]["epochs"]]
+    r = subprocess.run([sys.executable, SCRIPT, str(without), "--features", "memmap", "--torch-device", "cpu"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    assert "this dataset has none (made with --no-features-file)" in r.stderr
+
+
+@pytest.mark.gpu
+def test_bam_reads_a_table_kept_only_on_its_device(tmp_path, bam_gnn):
+    """Without --device, mode bam reads the table where the dataset tool wrote
+    it (the manifest's device and offset), and trains as memory does."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    pytest.importorskip("bam")
+    _, without = make_twins(bam_gnn, tmp_path)
+    res, _ = run(without, tmp_path / "r.json", "--features", "bam,memory", "--cache-mib", "1")
+    by = {r["mode"]: r for r in res["results"]}
+    assert by["bam"]["device"].startswith("emu:file=")
+    assert by["bam"]["placement"].startswith("the table the dataset tool wrote")
+    assert by["bam"]["checked_batches"] == 2
+    assert [e["loss"] for e in by["bam"]["epochs"]] == pytest.approx([e["loss"] for e in by["memory"]["epochs"]],
+                                                                      rel=1e-4)
+    # Naming a device of a process alone: the table is not there, and the message says so.
+    r = subprocess.run([sys.executable, SCRIPT, str(without), "--features", "bam", "--device", "emu-gpu:ram=64M"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "has no feature file" in r.stderr
+
+
 @pytest.mark.gpu
 def test_bam_gathers_the_same_rows_and_trains_like_memory(tmp_path):
     if not torch.cuda.is_available():
