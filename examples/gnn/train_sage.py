@@ -143,8 +143,10 @@ def open_dataset(root: str) -> Dataset:
     if feats["dtype"] not in NUMPY_DTYPES:
         fail(f"{path}: feature dtype {feats['dtype']} is not one of {', '.join(NUMPY_DTYPES)}")
     graph = m["graph"]
-    indptr = np.load(os.path.join(root, graph["indptr"]["file"]))
-    indices = np.load(os.path.join(root, graph["indices"]["file"]))
+    # Mapped, not read: the processes of a job share the pages, and the arrays go
+    # to the torch device a piece at a time (to_torch).
+    indptr = np.load(os.path.join(root, graph["indptr"]["file"]), mmap_mode="r")
+    indices = np.load(os.path.join(root, graph["indices"]["file"]), mmap_mode="r")
     nodes = int(m["nodes"])
     if indptr.shape != (nodes + 1,) or int(indptr[-1]) != indices.shape[0]:
         fail(f"{root}: the CSR arrays do not match the manifest ({nodes} nodes, {indices.shape[0]} edges)")
@@ -163,6 +165,16 @@ def open_dataset(root: str) -> Dataset:
     if ffile is not None and os.path.getsize(ffile) < need:
         fail(f"{ffile}: {os.path.getsize(ffile)} bytes, the manifest needs {need}")
     return ds
+
+
+def to_torch(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A (mapped) array on `device`, copied 256 MiB at a time: the process never
+    holds all of it in host memory unless `device` is the CPU."""
+    out = torch.empty(a.shape, dtype=torch.from_numpy(np.empty(0, dtype=a.dtype)).dtype, device=device)
+    step = max(1, (256 << 20) // max(1, a.itemsize))
+    for lo in range(0, a.shape[0], step):
+        out[lo:lo + step] = torch.from_numpy(np.array(a[lo:lo + step]))
+    return out
 
 
 def make_labels(ds: Dataset, classes: int, seed: int, path: Optional[str], device: torch.device) -> np.ndarray:
@@ -627,7 +639,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     splits = (torch.from_numpy(train_np).to(device), torch.from_numpy(val_np).to(device))
     labels = torch.from_numpy(labels_np).to(device)
     args.classes = max(args.classes, int(labels.max()) + 1)
-    graph = (torch.from_numpy(ds.indptr).to(device), torch.from_numpy(ds.indices).to(device))
+    graph = (to_torch(ds.indptr, device), to_torch(ds.indices, device))
     def reference(ids: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(ds.rows(ids.cpu().numpy()))
 
