@@ -338,6 +338,34 @@ def in_process_medium(device: str) -> bool:
     return device.startswith(("emu-gpu:", "emu:ram")) and not device.startswith(("emu-gpu:shm=", "emu:shm="))
 
 
+def shm_medium(device: str) -> Optional[tuple[str, str]]:
+    """(name, lba option) of a shared-memory medium (`emu:shm=NAME,...` or
+    `emu-gpu:shm=NAME,...`), else None."""
+    for kind in ("emu-gpu:", "emu:"):
+        if device.startswith(kind + "shm="):
+            opts = device[len(kind):].split(",")
+            lba = next((o for o in opts if o.startswith("lba=")), "")
+            return opts[0][len("shm="):], lba
+    return None
+
+
+def reading_device(placed: str) -> str:
+    """The device string mode bam reads a table from that the dataset tool
+    wrote to `placed`: the same, except that shared memory the tool wrote
+    through the CPU engine (`emu:shm=NAME`, the host's way in) is read through
+    the GPU engine (`emu-gpu:shm=NAME`: the same memory, served by GPU threads)."""
+    shm = shm_medium(placed)
+    if shm is None or not placed.startswith("emu:"):
+        return placed
+    name, lba = shm
+    return f"emu-gpu:shm={name}" + (f",{lba}" if lba else "")
+
+
+def same_medium(a: str, b: str) -> bool:
+    """Do device strings `a` and `b` name the same medium (the same string, or the same shared memory)?"""
+    return a == b or (shm_medium(a) is not None and shm_medium(a) == shm_medium(b))
+
+
 def bam_source(ds: Dataset, args: argparse.Namespace, dist: "Dist") -> Source:
     try:
         import bam
@@ -351,7 +379,7 @@ def bam_source(ds: Dataset, args: argparse.Namespace, dist: "Dist") -> Source:
     device = args.device
     placed = ds.placement
     if not device and placed and ds.features_file is None:
-        device = placed["device"]  # the table is only there (an SSD, shared memory)
+        device = reading_device(placed["device"])  # the table is only there (an SSD, shared memory)
     if not device and dist.on:
         # One copy of the table for every process: shared memory named by rank 0.
         token = [secrets.token_hex(6) if dist.main else None]
@@ -362,7 +390,7 @@ def bam_source(ds: Dataset, args: argparse.Namespace, dist: "Dist") -> Source:
     group = bam.CacheGroup.from_torch() if args.node_cache else None
     storage = bam.open(device)
     shared = device.startswith(("emu-gpu:shm=", "emu:shm="))
-    if placed and placed.get("device") == device and not in_process_medium(device):
+    if placed and same_medium(placed.get("device", ""), device) and not in_process_medium(device):
         offset = int(placed["offset"])
         how = f"the table the dataset tool wrote at byte {offset}"
     else:

@@ -140,6 +140,25 @@ def test_a_dataset_without_a_feature_file_trains_alike(tmp_path, bam_gnn):
     assert "this dataset has none (made with --no-features-file)" in r.stderr
 
 
+def test_shared_memory_the_tool_wrote_is_read_by_gpu_threads():
+    """`bam-gnn make --device emu:shm=NAME` writes through the CPU engine (the
+    host's way in); mode bam reads the same memory through the GPU engine and
+    takes the manifest's offset for it."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("train_sage", SCRIPT)
+    ts = importlib.util.module_from_spec(spec)
+    sys.modules["train_sage"] = ts  # its dataclasses look their module up
+    spec.loader.exec_module(ts)
+    assert ts.reading_device("emu:shm=p100,size=60G") == "emu-gpu:shm=p100"
+    assert ts.reading_device("emu:shm=p100,size=60G,lba=4096,unlink") == "emu-gpu:shm=p100,lba=4096"
+    for same in ("emu-gpu:shm=x,size=1G", "/dev/bam-nvme0", "emu:file=/d/img", "emu-gpu:ram=1G"):
+        assert ts.reading_device(same) == same
+    assert ts.same_medium("emu:shm=p100,size=60G", "emu-gpu:shm=p100")
+    assert not ts.same_medium("emu:shm=p100,size=60G", "emu-gpu:shm=p10")
+    assert not ts.same_medium("emu:shm=p100,lba=4096", "emu-gpu:shm=p100")
+    assert not ts.same_medium("emu:file=/a", "emu:file=/b") and ts.same_medium("/dev/bam-nvme0", "/dev/bam-nvme0")
+
+
 @pytest.mark.gpu
 def test_bam_reads_a_table_kept_only_on_its_device(tmp_path, bam_gnn):
     """Without --device, mode bam reads the table where the dataset tool wrote
