@@ -31,6 +31,13 @@ memory and holds one copy of a page for all:
     torchrun --standalone --nproc-per-node 4 examples/gnn/train_sage.py /data/g --node-cache
     torchrun --standalone --nproc-per-node 2 examples/gnn/train_sage.py /data/g --device /dev/bam-nvme0
 
+A dataset made with `bam-gnn make --no-features-file --device D` has its table
+on D alone: mode bam reads it there (shared memory written as `emu:shm=NAME`
+through `emu-gpu:shm=NAME`), and the rows needed elsewhere (checks, labels,
+the memory and uva tables) are generated from the feature seed
+(generated_features.py); mode memmap is refused. Each mode reports the memory
+it held per process (host and GPU).
+
 Labels: --labels FILE.npy (one integer class per node, -1 for none), else the
 dataset's labels.npy when it has one (examples/gnn/import_ogb.py writes it
 for OGB's datasets), else derived from the features (the argmax of a fixed
