@@ -13,7 +13,7 @@ ways in one run, from the same seed:
 
 Each mode trains the same model on the same mini-batches; the script checks
 that every mode gathered the same rows (the first batches against the
-memmap), and reports epoch time split into sampling, gathering and
+feature file, or the generator), and reports epoch time split into sampling, gathering and
 training, accuracy, and each mode's epoch time relative to `memory`.
 
     bam-gnn make /data/g --nodes 1000000 --degree 15            # the dataset tool
