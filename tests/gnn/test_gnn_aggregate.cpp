@@ -168,62 +168,61 @@ TEST_CASE("CPU gather baseline: rows of the feature file equal the generator's",
                     ContainsSubstring("row id 3000 is outside the table's 3000 rows"));
 }
 
+namespace {
+
+//! A command line bam-gnn must refuse: its arguments after the dataset, whether
+//! the exit status must be exactly 1 (else any failure), and what the message says.
+struct refusal {
+  std::string args;
+  bool status_one;
+  std::string says;
+};
+
+void check_refusals(const std::string& dir, const std::vector<refusal>& cases) {
+  for (const refusal& c : cases) {
+    const run_result r = bam_gnn("aggregate " + dir + c.args);
+    INFO("aggregate DIR" << c.args << "\n" << r.out);
+    if (c.status_one)
+      CHECK(r.status == 1);
+    else
+      CHECK(r.status != 0);
+    CHECK_THAT(r.out, ContainsSubstring(c.says));
+  }
+}
+
+} // namespace
+
 TEST_CASE("bam-gnn aggregate refuses bad input before it needs a GPU", "[gnn][aggregate][cli]") {
   temp_dir t;
   small_dataset(t.path, 2000, 8);
-  const std::string dir = t.path.string();
-  run_result r = bam_gnn("aggregate " + dir + " --fanouts 15,x,5");
-  INFO(r.out);
-  CHECK(r.status == 1);
-  CHECK_THAT(r.out, ContainsSubstring("'x' is not a whole number"));
-  r = bam_gnn("aggregate " + dir + " --fanouts 0");
-  CHECK(r.status == 1);
-  CHECK_THAT(r.out, ContainsSubstring("outside 1..1024"));
-  r = bam_gnn("aggregate " + (t.path / "missing").string());
-  CHECK(r.status == 1);
-  CHECK_THAT(r.out, ContainsSubstring("no dataset here"));
-  r = bam_gnn("aggregate " + dir + " --batch-size 0");
-  CHECK(r.status == 1);
-  CHECK_THAT(r.out, ContainsSubstring("--batch-size"));
-  r = bam_gnn("aggregate " + dir + " --page-size 3000");
-  CHECK(r.status == 1);
-  CHECK_THAT(r.out, ContainsSubstring("--page-size 3000"));
-  r = bam_gnn("aggregate " + dir + " --hot-percent 150");
-  CHECK(r.status != 0);
-  CHECK_THAT(r.out, ContainsSubstring("--hot-percent"));
-  r = bam_gnn("aggregate " + dir + " --in-flight 0");
-  CHECK(r.status != 0);
-  CHECK_THAT(r.out, ContainsSubstring("--in-flight"));
-  r = bam_gnn("aggregate " + dir + " --in-flight 9");
-  CHECK(r.status != 0);
-  CHECK_THAT(r.out, ContainsSubstring("--in-flight"));
+  check_refusals(t.path.string(), {
+                                      {" --fanouts 15,x,5", true, "'x' is not a whole number"},
+                                      {" --fanouts 0", true, "outside 1..1024"},
+                                      {"/missing", true, "no dataset here"},
+                                      {" --batch-size 0", true, "--batch-size"},
+                                      {" --page-size 3000", true, "--page-size 3000"},
+                                      {" --hot-percent 150", false, "--hot-percent"},
+                                      {" --in-flight 0", false, "--in-flight"},
+                                      {" --in-flight 9", false, "--in-flight"},
+                                  });
 }
 
 TEST_CASE("bam-gnn aggregate on several GPUs refuses what one GPU alone can do, before it needs a GPU",
           "[gnn][aggregate][cli]") {
   temp_dir t;
   small_dataset(t.path, 2000, 8);
-  const std::string dir = t.path.string();
-  run_result r = bam_gnn("aggregate " + dir + " --node-cache");
-  INFO(r.out);
-  CHECK(r.status == 1);
-  CHECK_THAT(r.out, ContainsSubstring("--node-cache spreads one cache over several GPUs: give --gpus 2 or more"));
-  r = bam_gnn("aggregate " + dir + " --gpus 2 --compare");
-  CHECK(r.status == 1);
-  CHECK_THAT(r.out, ContainsSubstring("--compare"));
-  r = bam_gnn("aggregate " + dir + " --gpus 2 --hot-percent 5");
-  CHECK(r.status == 1);
-  CHECK_THAT(r.out, ContainsSubstring("--hot-percent"));
+  std::vector<refusal> cases = {
+      {" --node-cache", true, "--node-cache spreads one cache over several GPUs: give --gpus 2 or more"},
+      {" --gpus 2 --compare", true, "--compare"},
+      {" --gpus 2 --hot-percent 5", true, "--hot-percent"},
+      {" --gpus 0", false, "--gpus"},
+  };
   // Private media belong to one storage: every GPU must read one copy.
-  for (const char* dev : {"emu-gpu:ram=64M", "emu-gpu:hbm=64M"}) {
-    r = bam_gnn("aggregate " + dir + " --gpus 2 --device " + dev);
-    CHECK(r.status == 1);
-    CHECK_THAT(r.out, ContainsSubstring(std::string(dev) + ": with --gpus 2 every GPU reads one copy of the table"));
-    CHECK_THAT(r.out, ContainsSubstring("emu-gpu:shm=NAME,size=SIZE"));
+  for (const std::string dev : {"emu-gpu:ram=64M", "emu-gpu:hbm=64M"}) {
+    cases.push_back({" --gpus 2 --device " + dev, true, dev + ": with --gpus 2 every GPU reads one copy of the table"});
+    cases.push_back({" --gpus 2 --device " + dev, true, "emu-gpu:shm=NAME,size=SIZE"});
   }
-  r = bam_gnn("aggregate " + dir + " --gpus 0");
-  CHECK(r.status != 0);
-  CHECK_THAT(r.out, ContainsSubstring("--gpus"));
+  check_refusals(t.path.string(), cases);
 }
 
 TEST_CASE("the gather stage's time is the union of the gathers of batches in flight", "[gnn][aggregate]") {
