@@ -132,8 +132,10 @@ class Dataset:
 
     def fill(self, table: torch.Tensor) -> None:
         """The whole table into `table` (nodes x dim float32, any torch device)."""
-        gen_device = table.device if table.device.type == "cuda" or torch.cuda.device_count() == 0 else "cuda"
-        for lo, hi, rows in self.chunks(gen_device if self.features_file is None else table.device):
+        where = table.device
+        if self.features_file is None and where.type == "cpu" and torch.cuda.is_available():
+            where = torch.device("cuda")  # generated on the GPU, copied into the host table
+        for lo, hi, rows in self.chunks(where):
             table[lo:hi] = rows
 
 
