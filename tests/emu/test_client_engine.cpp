@@ -9,6 +9,7 @@
 #include <bam/emu/client_engine.hpp>
 
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -64,10 +65,15 @@ struct rig {
   std::shared_ptr<emu::emulated_controller> emu_ctrl;
   std::unique_ptr<controller> ctrl;
 
-  rig() {
+  //! `in_place`: the "GPU threads" read the media's own bytes (host memory
+  //! here, as pinned media are on a GPU).
+  explicit rig(bool in_place = false) {
     std::memset(static_cast<void*>(lanes.data()), 0, lanes.size() * sizeof(emu::client_dma_lane));
+    emu::client_in_place where;
+    if (in_place) where = {reinterpret_cast<std::uint64_t>(media->mapping().data()), media->mapping().size()};
     engine = std::make_shared<emu::client_engine>(media, max_qid, 1, std::span<std::uint32_t>(doorbells),
-                                                  emu::client_dma_ref{lanes.data(), claim.data(), max_qid});
+                                                  emu::client_dma_ref{lanes.data(), claim.data(), max_qid}, nullptr,
+                                                  nullptr, where);
     mover = std::make_unique<host_mover>(engine->dma());
     emu::controller_config cfg;
     cfg.namespaces = {emu::namespace_config{blocks, lba_size, media}};
@@ -101,7 +107,9 @@ struct rig {
 } // namespace
 
 TEST_CASE("CPU engine for GPU clients: writes reach the media, reads come back", "[emu][client]") {
-  rig r;
+  const bool in_place = GENERATE(false, true);
+  CAPTURE(in_place);
+  rig r(in_place);
   auto buf = r.ctrl->transport().alloc(8 * lba_size);
   for (std::uint32_t k = 0; k < 8 * lba_size; ++k)
     buf->as<std::uint8_t>()[k] = pattern(100 + k / lba_size, k % lba_size);
@@ -120,7 +128,9 @@ TEST_CASE("CPU engine for GPU clients: writes reach the media, reads come back",
 
 TEST_CASE("CPU engine for GPU clients: a bad PRP found while moving the data fails the command and changes nothing",
           "[emu][client]") {
-  rig r;
+  const bool in_place = GENERATE(false, true);
+  CAPTURE(in_place);
+  rig r(in_place);
   auto buf = r.ctrl->transport().alloc(8 * lba_size);
   std::memset(buf->data(), 0xab, 8 * lba_size);
   const auto before = r.media_bytes(200, 8);
@@ -159,9 +169,56 @@ TEST_CASE("CPU engine for GPU clients: nothing completes before its data moved, 
   CHECK(r.media_bytes(300, 8)[0] == 0x5c);
 }
 
+TEST_CASE("CPU engine for GPU clients: media in memory are read in place, no staging copy, and always current",
+          "[emu][client]") {
+  rig r(/*in_place=*/true);
+  REQUIRE(r.engine->reads_in_place());
+  auto buf = r.ctrl->transport().alloc(8 * lba_size);
+  std::vector<std::uint8_t> bytes(8 * lba_size);
+  for (std::uint32_t k = 0; k < bytes.size(); ++k)
+    bytes[k] = pattern(500 + k / lba_size, k % lba_size);
+  REQUIRE(r.media->write(500 * lba_size, bytes.data(), bytes.size()) == 0);
+  REQUIRE(r.rw(nvme::nvm_opcode::read, 500, 8, *buf) == nvme::status_success);
+  CHECK(std::memcmp(buf->data(), bytes.data(), bytes.size()) == 0);
+  // The read's task pointed the movers at the media's own bytes.
+  const emu::client_dma_lane& lane = r.lanes[1];
+  const std::uint64_t posted = lane.posted;
+  REQUIRE(posted >= 1);
+  const emu::client_dma_task& t = lane.task[(posted - 1) % emu::client_dma_lane::ring];
+  CHECK(t.staging == reinterpret_cast<std::uint64_t>(r.media->mapping().data()) + 500 * lba_size);
+  CHECK(t.bytes == 8 * lba_size);
+  // A later host write to the media is what the next read returns.
+  bytes[3] ^= 0xff;
+  REQUIRE(r.media->write(500 * lba_size, bytes.data(), bytes.size()) == 0);
+  REQUIRE(r.rw(nvme::nvm_opcode::read, 500, 8, *buf) == nvme::status_success);
+  CHECK(std::memcmp(buf->data(), bytes.data(), bytes.size()) == 0);
+  // Writes still go through the staging bytes, and so reach the media only
+  // once their data left "GPU memory".
+  std::memset(buf->data(), 0x3c, 8 * lba_size);
+  REQUIRE(r.rw(nvme::nvm_opcode::write, 500, 8, *buf) == nvme::status_success);
+  CHECK(r.media_bytes(500, 8) == std::vector<std::uint8_t>(8 * lba_size, 0x3c));
+  const emu::client_dma_task& w = lane.task[(lane.posted - 1) % emu::client_dma_lane::ring];
+  const auto media_first = reinterpret_cast<std::uint64_t>(r.media->mapping().data());
+  CHECK((w.staging < media_first || w.staging >= media_first + r.media->mapping().size()));
+  // A read is not complete before it moved, here too.
+  r.mover->hold = true;
+  std::atomic<int> done{0};
+  std::thread reader([&] {
+    CHECK(r.rw(nvme::nvm_opcode::read, 500, 8, *buf) == nvme::status_success);
+    done = 1;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  CHECK(done.load() == 0);
+  r.mover->hold = false;
+  reader.join();
+  CHECK(done.load() == 1);
+}
+
 TEST_CASE("CPU engine for GPU clients: Dataset Management reads its range list through the GPU threads",
           "[emu][client]") {
-  rig r;
+  const bool in_place = GENERATE(false, true);
+  CAPTURE(in_place);
+  rig r(in_place);
   auto buf = r.ctrl->transport().alloc(8 * lba_size);
   std::memset(buf->data(), 0x77, 8 * lba_size);
   REQUIRE(r.rw(nvme::nvm_opcode::write, 40, 8, *buf) == nvme::status_success);
@@ -175,7 +232,9 @@ TEST_CASE("CPU engine for GPU clients: Dataset Management reads its range list t
 }
 
 TEST_CASE("CPU engine for GPU clients: fault rules apply to its commands", "[emu][client]") {
-  rig r;
+  const bool in_place = GENERATE(false, true);
+  CAPTURE(in_place);
+  rig r(in_place);
   auto buf = r.ctrl->transport().alloc(lba_size);
   emu::fault_rule f;
   f.opcode = static_cast<std::uint8_t>(nvme::nvm_opcode::read);

@@ -6,7 +6,9 @@
 #include <bam/emu/media.hpp>
 
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
 
+#include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -123,6 +125,35 @@ TEST_CASE("emu media: RAM", "[emu][media]") {
   concurrent_neighbours(*m);
 }
 
+TEST_CASE("emu media: RAM whose pages are kept (pinned for a GPU) clears freed ranges in place", "[emu][media]") {
+  constexpr std::size_t page = 4096, pages = 64;
+  const bool kept = GENERATE(false, true);
+  CAPTURE(kept);
+  auto m = bam::emu::make_ram_media(pages * page);
+  const std::span<std::uint8_t> map = m->mapping();
+  REQUIRE(map.size() == pages * page);
+  CHECK(m->sparse());
+  const std::vector<std::uint8_t> ones(pages * page, 0x11);
+  REQUIRE(m->write(0, ones.data(), ones.size()) == 0);
+  if (kept) m->keep_pages();
+  const std::uint8_t* before = map.data();
+  // Pages 8..23 freed, with ragged edges.
+  REQUIRE(m->deallocate(8 * page - 100, 16 * page + 200) == 0);
+  std::vector<unsigned char> resident(pages);
+  REQUIRE(::mincore(map.data(), map.size(), resident.data()) == 0);
+  // Kept: every page is still the one a GPU would have pinned. Not kept:
+  // whole freed pages went back to the kernel.
+  CHECK((resident[12] & 1u) == (kept ? 1u : 0u));
+  CHECK((resident[40] & 1u) == 1u);
+  CHECK(m->mapping().data() == before);
+  std::vector<std::uint8_t> back(pages * page);
+  REQUIRE(m->read(0, back.data(), back.size()) == 0);
+  for (std::size_t i = 0; i < back.size(); ++i) {
+    const bool freed = i >= 8 * page - 100 && i < 24 * page + 100;
+    if (back[i] != (freed ? 0 : 0x11)) FAIL("byte " << i << " is " << int(back[i]));
+  }
+}
+
 TEST_CASE("emu media: RAM of an odd size", "[emu][media]") {
   auto m = bam::emu::make_ram_media((1 << 20) + 512);
   exercise(*m);
@@ -135,6 +166,7 @@ TEST_CASE("emu media: file with O_DIRECT", "[emu][media]") {
     auto m = bam::emu::make_file_media(p.path, (2 << 20) + 512, true);
     INFO(m->describe());
     CHECK(fs::file_size(p.path) >= (2u << 20) + 512);
+    CHECK(m->mapping().empty()); // nothing a GPU could read in place
 #if defined(BAM_HAVE_LIBURING)
     // Where O_DIRECT works (ext4, xfs), it is used; say so if this file system refuses it.
     if (m->describe().find("O_DIRECT") == std::string::npos)

@@ -245,3 +245,41 @@ TEST_CASE("CPU engine for GPU clients: a read that timed out never lands in the 
   }
   CHECK(changed == 0);
 }
+
+TEST_CASE("CPU engine for GPU clients: RAM and shared memory are read in place; host writes and freed ranges show at "
+          "once",
+          "[gpu][client]") {
+  constexpr std::size_t bytes = 8u << 20, words = bytes / 4;
+  const std::string shm = "bam-gpu-in-place-" + std::to_string(::getpid());
+  for (const std::string spec : {std::string("emu:ram=8M,queues=4,depth=32,threads=1"),
+                                 "emu:shm=" + shm + ",size=8M,unlink,queues=4,depth=32,threads=1"}) {
+    CAPTURE(spec);
+    bam::storage s(spec);
+    INFO(s.transport_name());
+    CHECK(s.transport_name().find("read in place") != std::string::npos);
+    bam_test::fill_pattern(s);
+    // Bytes [1 MiB, 3 MiB) freed (whole pages: RAM would hand them back to
+    // the kernel, leaving the GPU the old ones), [5 MiB, 6 MiB) rewritten.
+    REQUIRE(bam::emu::software_controller(s, 0).namespace_media(s.nsid()).deallocate(1u << 20, 2u << 20) == 0);
+    const std::vector<std::uint32_t> fresh((1u << 20) / 4, 0xfeedf00du);
+    bam::emu::write_media(s, 0, 5u << 20, fresh.data(), fresh.size() * 4);
+    bam::page_cache cache({.page_size = 4096, .capacity = 1 << 20});
+    bam::array<std::uint32_t> a(cache, s, words);
+    bam::device_buffer<std::uint32_t> out(words);
+    copy_out_kernel<<<128, 256>>>(a.ref(), out.get());
+    BAM_TEST_SYNC();
+    REQUIRE_NOTHROW(a.check());
+    std::vector<std::uint32_t> got(words);
+    bam::copy_to_host(got.data(), out.get(), words);
+    const bam_test::layout l{0, 4096, 512, 1};
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < words; ++i) {
+      const std::size_t byte = i * 4;
+      const std::uint32_t want = byte >= (1u << 20) && byte < (3u << 20)   ? 0u
+                                 : byte >= (5u << 20) && byte < (6u << 20) ? 0xfeedf00du
+                                                                           : l.expected(i);
+      bad += got[i] != want;
+    }
+    CHECK(bad == 0);
+  }
+}

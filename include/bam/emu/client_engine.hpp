@@ -13,6 +13,10 @@
 //!    the command's PRP targets. A write's data is staged before the media is
 //!    written; a read completes only once its data is in place. A bad PRP
 //!    found by the GPU threads completes the command with its status.
+//!  - Media held in memory (RAM, shared memory) that the GPU can reach
+//!    (`client_in_place`: pinned and mapped) are read in place: a read's
+//!    task points the GPU threads at the media's own bytes, with no copy by
+//!    the engine's threads and no staging bytes taken.
 //!  - A completion with no room in its CQ waits (it is never dropped); the
 //!    thread keeps serving other queues meanwhile.
 //!  - A thread with nothing in flight backs off to short sleeps: an idle
@@ -56,6 +60,13 @@
 
 namespace bam::emu {
 
+//! Media bytes GPU threads can read where they are (pinned host memory
+//! mapped into the GPU): reads need no staging copy.
+struct client_in_place {
+  std::uint64_t device = 0; //!< where GPU threads see the media's byte 0 (0: not readable in place)
+  std::uint64_t bytes = 0;  //!< how many bytes from there
+};
+
 class client_engine final : public io_engine {
 public:
   //! Commands in flight per thread, at most.
@@ -71,12 +82,16 @@ public:
   //! `dma`: the lanes (max_qid + 1, zeroed; pinned host memory mapped into the
   //! GPU) and claim counters the data tasks go through. `alloc_staging`
   //! returns memory the GPU can reach (pinned, mapped); host memory if null.
+  //! `in_place`: where the GPU threads read the media's bytes themselves, if
+  //! they can.
   client_engine(std::shared_ptr<media> m, std::uint32_t max_qid, std::uint32_t threads,
                 std::span<std::uint32_t> doorbells, client_dma_ref dma,
                 std::function<void*(std::size_t)> alloc_staging = nullptr,
-                std::function<void(void*)> free_staging = nullptr)
-      : media_(std::move(m)), max_qid_(max_qid), doorbells_(doorbells), dma_(dma),
+                std::function<void(void*)> free_staging = nullptr, client_in_place in_place = {})
+      : media_(std::move(m)), max_qid_(max_qid), doorbells_(doorbells), dma_(dma), in_place_(in_place),
         free_staging_(std::move(free_staging)), lanes_(static_cast<std::size_t>(max_qid) + 1) {
+    if (in_place_.device != 0 && in_place_.bytes < media_->size())
+      throw error("CPU engine for GPU clients: the media's bytes read in place are fewer than its size");
     if (doorbells_.size() < 2 * (static_cast<std::size_t>(max_qid) + 1))
       throw error("CPU engine for GPU clients: too few doorbell words for " + std::to_string(max_qid) + " queues");
     if (dma_.lanes == nullptr || dma_.claim == nullptr || dma_.max_qid < max_qid)
@@ -119,6 +134,8 @@ public:
 
   std::shared_ptr<media> media_ref() const { return media_; }
   const client_dma_ref& dma() const { return dma_; }
+  //! Whether GPU threads read the media in place (no staging copy).
+  bool reads_in_place() const { return in_place_.device != 0; }
 
   nvme::status queue_created(const queue_info& q) override {
     if (q.qid > max_qid_ || q.cq->cqid > max_qid_ || q.target == nullptr)
@@ -188,6 +205,7 @@ private:
     sq_runtime* sq = nullptr; //!< null: free
     nvme::command cmd{};
     std::uint8_t* staging = nullptr; //!< `pages` staging pages from `first_page`
+    std::uint64_t source = 0;        //!< a read's bytes where GPU threads read them in place (0: `staging`)
     std::uint32_t first_page = 0;
     std::uint32_t pages = 0;
     std::uint64_t seq = 0;
@@ -238,7 +256,13 @@ private:
         if (!staged.ok()) return staged;
         return detail::write_status(e->media_->write(offset, s->staging, bytes));
       }
-      if (e->media_->read(offset, s->staging, bytes) != 0) return detail::read_error();
+      if (e->in_place_.device != 0) {
+        // No staging bytes were taken: the GPU threads read the media itself.
+        if (offset > e->in_place_.bytes || bytes > e->in_place_.bytes - offset) return detail::read_error();
+        s->source = e->in_place_.device + offset;
+      } else if (e->media_->read(offset, s->staging, bytes) != 0) {
+        return detail::read_error();
+      }
       scatter = true;
       scatter_bytes = bytes;
       return nvme::status_success;
@@ -279,7 +303,7 @@ private:
     client_dma_task& t = lane.task[at];
     t.prp1 = s.cmd.prp1;
     t.prp2 = s.cmd.prp2;
-    t.staging = reinterpret_cast<std::uint64_t>(s.staging);
+    t.staging = s.source != 0 ? s.source : reinterpret_cast<std::uint64_t>(s.staging);
     t.bytes = static_cast<std::uint32_t>(bytes);
     t.direction = dir;
     std::atomic_ref<std::uint64_t>(t.seq).store(s.seq, std::memory_order_release);
@@ -328,8 +352,9 @@ private:
     w.free_slots.push_back(idx);
   }
   //! Staging bytes a command moves (0: none, or refused by the executor).
-  static std::uint64_t staging_need(const nvme::command& cmd, const nvm_target& t) {
+  std::uint64_t staging_need(const nvme::command& cmd, const nvm_target& t) const {
     if (cmd.opcode == static_cast<std::uint8_t>(nvme::nvm_opcode::read)) {
+      if (in_place_.device != 0) return 0; // read where it is
       if (cmd.nsid == 0 || cmd.nsid > t.ns_count) return 0;
       const std::uint64_t bytes = std::uint64_t{nvme::command_nblocks(cmd)} << t.ns[cmd.nsid - 1].lba_shift;
       return bytes <= max_transfer ? bytes : 0;
@@ -452,7 +477,8 @@ private:
           break;
         }
         w.free_slots.pop_back();
-        s.staging = w.staging + std::size_t{s.first_page} * dma_page_size;
+        s.staging = s.pages != 0 ? w.staging + std::size_t{s.first_page} * dma_page_size : nullptr;
+        s.source = 0;
         q.head = (q.head + 1) % q.info.sq_depth;
         s.sq = &q;
         if (start(w, s))
@@ -521,6 +547,7 @@ private:
   std::uint32_t max_qid_;
   std::span<std::uint32_t> doorbells_;
   client_dma_ref dma_;
+  client_in_place in_place_;
   std::function<void(void*)> free_staging_;
   std::vector<lane_state> lanes_; //!< per queue id, guarded by the serving worker's mutex
   std::vector<std::uint64_t> own_run_ns_;

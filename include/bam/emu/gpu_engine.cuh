@@ -30,6 +30,7 @@
 
 #include <bam/cuda.cuh>
 #include <bam/emu/access.hpp>
+#include <bam/emu/detail/pinned_host_memory.cuh>
 #include <bam/emu/engine.hpp>
 #include <bam/emu/gpu_engine_ref.hpp>
 #include <bam/emu/media.hpp>
@@ -43,7 +44,6 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -65,42 +65,6 @@ struct gpu_engine_config {
   int device = -1;                                           //!< the GPU it serves on (-1: the current one)
 };
 
-namespace detail {
-
-//! Shared memory pinned for every GPU of this process (`cudaHostRegister`,
-//! portable and mapped): one registration per mapping, whichever engines
-//! and devices use it; undone before the mapping goes.
-class pinned_shared_memory {
-public:
-  //! The registration of `m`, made on first use.
-  static std::shared_ptr<pinned_shared_memory> of(const std::shared_ptr<shared_memory>& m) {
-    static std::mutex mutex;
-    static std::map<const shared_memory*, std::weak_ptr<pinned_shared_memory>> pinned;
-    std::lock_guard lock(mutex);
-    if (auto p = pinned[m.get()].lock()) return p;
-    std::shared_ptr<pinned_shared_memory> p(new pinned_shared_memory(m));
-    pinned[m.get()] = p;
-    return p;
-  }
-  ~pinned_shared_memory() { BAM_CUDA_LOG(cudaHostUnregister(m_->data())); }
-  pinned_shared_memory(const pinned_shared_memory&) = delete;
-  pinned_shared_memory& operator=(const pinned_shared_memory&) = delete;
-  std::uint8_t* data() const { return m_->data(); }
-
-private:
-  explicit pinned_shared_memory(std::shared_ptr<shared_memory> m) : m_(std::move(m)) {
-    const cudaError_t e =
-        cudaHostRegister(m_->data(), m_->mapped_bytes(), cudaHostRegisterPortable | cudaHostRegisterMapped);
-    if (e != cudaSuccess)
-      throw error("pinning shared memory " + m_->object() + " (" + std::to_string(m_->size()) +
-                  " bytes) for the GPU failed: " + cudaGetErrorString(e) +
-                  " (is the locked-memory limit, ulimit -l, large enough?)");
-  }
-  std::shared_ptr<shared_memory> m_; // unmapped after the registration is undone
-};
-
-} // namespace detail
-
 class gpu_engine final : public io_engine {
 public:
   explicit gpu_engine(const gpu_engine_config& config) : cfg_(config) {
@@ -118,7 +82,8 @@ public:
     if (cfg.media == media_kind::file)
       throw error("GPU engine: file media are served by the CPU engine (emu:file=...)");
     if (cfg.media == media_kind::shm) {
-      pinned_ = detail::pinned_shared_memory::of(cfg.shared);
+      pinned_ = detail::pinned_host_memory::of(cfg.shared->data(), cfg.shared->mapped_bytes(), cfg.shared,
+                                               "shared memory " + cfg.shared->object());
       media_ = pinned_->data();
       BAM_CUDA_TRY(cudaHostGetDevicePointer(reinterpret_cast<void**>(&media_dev_), media_, 0));
     } else if (cfg.media == media_kind::ram) {
@@ -386,9 +351,9 @@ private:
   device_scope on_device_; // first: the device stays current while the members are destroyed
   gpu_engine_config cfg_;
   int device_ = 0;
-  std::shared_ptr<detail::pinned_shared_memory> pinned_; // shm media
-  std::uint8_t* media_ = nullptr;                        // host view (pinned) or device pointer (HBM)
-  std::uint8_t* media_dev_ = nullptr;                    // what GPU threads use
+  std::shared_ptr<detail::pinned_host_memory> pinned_; // shm media
+  std::uint8_t* media_ = nullptr;                      // host view (pinned) or device pointer (HBM)
+  std::uint8_t* media_dev_ = nullptr;                  // what GPU threads use
   cudaStream_t stream_ = nullptr;
   std::uint32_t dstrd_ = 0;
   device_buffer<gpu_engine_queue> queues_;

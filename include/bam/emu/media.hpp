@@ -72,6 +72,17 @@ public:
   //! Drop `[offset, offset + len)`: it reads back as zeroes afterwards.
   virtual int deallocate(std::uint64_t offset, std::uint64_t len) { return write_zeroes(offset, len); }
 
+  //! The bytes themselves, when the media is memory this process maps (RAM,
+  //! shared memory; byte 0 first, the mapping's whole length): engines may
+  //! pin it for the GPU and read it in place. Empty for files and devices.
+  virtual std::span<std::uint8_t> mapping() { return {}; }
+  //! Whether pinning `mapping()` allocates memory its untouched pages do
+  //! not use yet (anonymous RAM; shared memory is already allocated).
+  virtual bool sparse() const { return false; }
+  //! From now on the mapping's pages stay where they are (they are pinned
+  //! for a GPU): freed ranges are cleared, never handed back to the kernel.
+  virtual void keep_pages() {}
+
   //! Single-buffer conveniences.
   int read(std::uint64_t offset, void* dst, std::size_t len) {
     const iovec seg{dst, len};
@@ -282,9 +293,12 @@ public:
     std::memset(base_ + offset, 0, len);
     return 0;
   }
-  //! Whole pages go back to the kernel (and read as zeroes); the edges are cleared.
+  //! Whole pages go back to the kernel (and read as zeroes); the edges are
+  //! cleared. Pages pinned for a GPU are cleared instead: a page handed back
+  //! would leave the GPU reading the old one.
   int deallocate(std::uint64_t offset, std::uint64_t len) override {
     if (!in_range(offset, len)) return EINVAL;
+    if (keep_pages_.load(std::memory_order_acquire)) return write_zeroes(offset, len);
     const std::uint64_t first = align_up(offset, media_page_size);
     const std::uint64_t last = align_down(offset + len, media_page_size);
     if (last <= first) return write_zeroes(offset, len);
@@ -294,11 +308,16 @@ public:
     return 0;
   }
 
+  std::span<std::uint8_t> mapping() override { return {base_, mapped_}; }
+  bool sparse() const override { return true; }
+  void keep_pages() override { keep_pages_.store(true, std::memory_order_release); }
+
 private:
   bool in_range(std::uint64_t offset, std::uint64_t len) const { return offset <= bytes_ && len <= bytes_ - offset; }
   std::uint64_t bytes_;
   std::uint64_t mapped_;
   unsigned char* base_ = nullptr;
+  std::atomic<bool> keep_pages_{false};
 };
 
 //! A regular file or a block device. O_DIRECT through io_uring when possible.

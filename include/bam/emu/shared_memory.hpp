@@ -278,6 +278,7 @@ public:
     std::memset(m_->data() + offset, 0, len);
     return 0;
   }
+  std::span<std::uint8_t> mapping() override { return {m_->data(), m_->mapped_bytes()}; }
   const std::shared_ptr<shared_memory>& memory() const { return m_; }
 
 private:
