@@ -57,8 +57,7 @@ public:
   }
 
 private:
-  pinned_host_memory(std::uint8_t* data, std::size_t bytes, std::shared_ptr<const void> owner,
-                     const std::string& what)
+  pinned_host_memory(std::uint8_t* data, std::size_t bytes, std::shared_ptr<const void> owner, const std::string& what)
       : data_(data), bytes_(bytes), owner_(std::move(owner)) {
     const cudaError_t e = cudaHostRegister(data_, bytes_, cudaHostRegisterPortable | cudaHostRegisterMapped);
     if (e != cudaSuccess) {
