@@ -4,11 +4,10 @@
 //! into the GPU, the lanes' claim counters in GPU memory, queue rings in
 //! pinned host memory; media held in memory (RAM, shared memory) pinned too,
 //! so GPU threads read them in place. CUDA is called when the engine is made
-//! and destroyed,
-//! never while it serves commands: GPU threads waiting on its queues move
-//! the data (the device-side hook `emu/progress.cuh`, which `<bam/bam.cuh>`
-//! includes), so the engine works under any CUDA module loading mode and
-//! beside any stream of the user's program.
+//! and destroyed, never while it serves commands: GPU threads waiting on its
+//! queues move the data (the device-side hook `emu/progress.cuh`, which
+//! `<bam/bam.cuh>` includes), so the engine works under any CUDA module
+//! loading mode and beside any stream of the user's program.
 //!
 //! @code
 //!   auto media = bam::emu::make_file_media("/data/x.img", 0, false);
@@ -29,7 +28,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <memory>

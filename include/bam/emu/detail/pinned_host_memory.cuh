@@ -33,6 +33,7 @@ public:
     static std::mutex mutex;
     static std::map<const std::uint8_t*, std::weak_ptr<pinned_host_memory>> pinned;
     std::lock_guard lock(mutex);
+    std::erase_if(pinned, [](const auto& e) { return e.second.expired(); });
     if (auto p = pinned[data].lock()) {
       if (p->bytes_ != bytes)
         throw error(what + ": already pinned for the GPU as " + std::to_string(p->bytes_) + " bytes, not " +
