@@ -59,12 +59,14 @@ inline std::shared_ptr<pinned_host_memory> pin_media_in_place(const std::shared_
   const std::span<std::uint8_t> bytes = m->mapping();
   if (bytes.empty()) return nullptr;
   if (m->sparse() && bytes.size() > memory_available_bytes() / 2) return nullptr;
-  m->keep_pages(); // before any page is pinned: none is handed back from now on
+  std::shared_ptr<pinned_host_memory> pinned;
   try {
-    return pinned_host_memory::of(bytes.data(), bytes.size(), m, m->describe());
+    pinned = pinned_host_memory::of(bytes.data(), bytes.size(), m, m->describe());
   } catch (const error&) {
-    return nullptr; // the staging path serves it
+    return nullptr; // the staging path serves it, and its pages may still go back to the kernel
   }
+  m->keep_pages(); // no command runs yet: from the first one on, no pinned page is handed back
+  return pinned;
 }
 
 //! The engine with its memory: pinned host memory mapped into the GPU for
