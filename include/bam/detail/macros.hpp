@@ -17,11 +17,14 @@
 //! Slow paths (misses, waits, the software controller's work) stay out of
 //! line, so the hit path that inlines into user kernels keeps few registers.
 #define BAM_NOINLINE __noinline__
+//! Unroll the next loop (code that g++ compiles too).
+#define BAM_UNROLL _Pragma("unroll")
 #else
 #define BAM_HD
 #define BAM_DEVICE
 #define BAM_HOST
 #define BAM_NOINLINE
+#define BAM_UNROLL
 #endif
 
 // Before a host/device function template that host code instantiates with

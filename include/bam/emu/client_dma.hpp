@@ -30,6 +30,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstddef>
 #include <cstring>
 #include <type_traits>
 
@@ -55,16 +56,19 @@ struct client_dma_task {
   std::uint64_t reserved = 0;
 };
 static_assert(sizeof(client_dma_task) == 48);
+static_assert(offsetof(client_dma_task, prp2) == 8 && offsetof(client_dma_task, staging) == 16 &&
+              offsetof(client_dma_task, bytes) == 24 && offsetof(client_dma_task, direction) == 28);
 
 //! The tasks of one I/O queue (pinned host memory, zeroed before use).
 struct alignas(128) client_dma_lane {
   static constexpr std::uint32_t ring = 64;
   std::uint64_t posted; //!< tasks published (written by the engine only)
   std::uint64_t pad0[15];
-  std::uint64_t done[ring]; //!< `(seq + 1) << 16 | status`, written by whoever moved task `seq`
-  client_dma_task task[ring];
+  std::uint64_t done[ring];   //!< `(seq + 1) << 16 | status`, written by whoever moved task `seq`
+  client_dma_task task[ring]; //!< 16-byte aligned: GPU threads read each in two 16-byte loads
 };
 static_assert(std::is_trivially_copyable_v<client_dma_lane>);
+static_assert(offsetof(client_dma_lane, task) % 16 == 0 && sizeof(client_dma_task) % 16 == 0);
 
 //! The GPU threads' side of one lane (GPU memory, zeroed).
 struct alignas(32) client_dma_claim {

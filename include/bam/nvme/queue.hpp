@@ -152,9 +152,9 @@ BAM_HD constexpr cuda::memory_order publish_order() {
 #endif
 }
 
-//! A 32-bit register write (doorbell) that every earlier memory operation of
-//! this thread reaches before the device sees it. `fenced`: a device-scope
-//! release fence was made since those operations.
+//! An SQ tail doorbell write (a 32-bit register) that every earlier memory
+//! operation of this thread reaches before the device sees it. `fenced`: a
+//! device-scope release fence was made since those operations.
 BAM_HD inline void doorbell_write(volatile std::uint32_t* reg, std::uint32_t value, memory_scope scope,
                                   bool fenced = false) {
 #if BAM_DEVICE_CODE
@@ -170,6 +170,23 @@ BAM_HD inline void doorbell_write(volatile std::uint32_t* reg, std::uint32_t val
 #else
   (void)scope;
   (void)fenced;
+  system_atomic<std::uint32_t>(*const_cast<std::uint32_t*>(reg)).store(value, cuda::memory_order_release);
+#endif
+}
+
+//! A CQ head doorbell write: it hands consumed entries back to the device.
+//! The loads of those entries have completed (the consumer used their
+//! values), and no store of the consumer must reach the device before it,
+//! so it needs no fence at all: a fence here would be paid while the
+//! completion lock is held.
+BAM_HD inline void head_doorbell_write(volatile std::uint32_t* reg, std::uint32_t value, memory_scope scope) {
+#if BAM_DEVICE_CODE
+  if (scope == memory_scope::system)
+    *reg = value;
+  else
+    device_atomic<std::uint32_t>(*const_cast<std::uint32_t*>(reg)).store(value, cuda::memory_order_relaxed);
+#else
+  (void)scope;
   system_atomic<std::uint32_t>(*const_cast<std::uint32_t*>(reg)).store(value, cuda::memory_order_release);
 #endif
 }
@@ -355,14 +372,26 @@ struct queue_pair_ref {
     device_atomic<std::uint64_t> cq_head(counters->cq_head);
     const std::uint64_t first = cq_head.load(cuda::memory_order_relaxed);
     // 1. How many new entries (their phase tags), one fence for all of them.
-    // Stop after one ring's worth so a fast controller cannot starve the doorbell.
-    std::uint32_t n = 0;
-    while (n < cq_depth) {
-      const std::uint64_t head = first + n;
-      const std::uint32_t expected_phase = ((head / cq_depth) & 1) ? 0u : 1u;
-      const cqe_dw3 w{detail::load_cqe_dw3(&cq[head % cq_depth], cq_scope, detail::poll_order())};
-      if (w.phase_tag() != expected_phase) break;
-      ++n;
+    // The first tag alone (a poll that finds nothing makes one read), then
+    // the tags of `batch` entries at once: where the CQ lies across the host
+    // link each read is a round trip, paid while the lock is held. Stop
+    // after one ring's worth so a fast controller cannot starve the doorbell.
+    constexpr std::uint32_t batch = 4;
+    const auto is_new = [&](std::uint32_t dw3, std::uint64_t head) {
+      return cqe_dw3{dw3}.phase_tag() == ((((head / cq_depth) & 1) != 0) ? 0u : 1u);
+    };
+    std::uint32_t n =
+        is_new(detail::load_cqe_dw3(&cq[first % cq_depth], cq_scope, detail::poll_order()), first) ? 1 : 0;
+    for (bool more = n != 0; more;) {
+      std::uint32_t dw3[batch];
+      BAM_UNROLL
+      for (std::uint32_t j = 0; j < batch; ++j)
+        dw3[j] = detail::load_cqe_dw3(&cq[(first + n + j) % cq_depth], cq_scope, detail::poll_order());
+      BAM_UNROLL
+      for (std::uint32_t j = 0; j < batch; ++j) {
+        more = more && n < cq_depth && is_new(dw3[j], first + n);
+        if (more) ++n;
+      }
     }
     detail::acquire_fence(); // the lock, and the entries behind the phase tags
     if (n == 0) {
@@ -374,7 +403,7 @@ struct queue_pair_ref {
     detail::release_fence();
     std::uint32_t sq_head_pos = counters->sq_head_pos;
     std::uint64_t sq_head = counters->sq_head;
-    // One entry ahead: the next entry's loads are issued before this one's
+    // One entry ahead: the next entry's read is issued before this one's
     // result is filed, and a command id's state words load together (few
     // registers: this runs inside every waiting kernel).
     struct fields {
@@ -384,8 +413,20 @@ struct queue_pair_ref {
     };
     auto read_entry = [&](std::uint64_t at) {
       completion* entry = &cq[at % cq_depth];
+#if BAM_DEVICE_CODE
+      // The whole entry in one read (its tag was seen and acquired above):
+      // across the host link every read is a request of its own.
+      uint4 v;
+      asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "l"(entry)
+                   : "memory");
+      const cqe_dw3 w{v.w};
+      return fields{w.command_id(), v.x, v.z & 0xffffu, w.status().raw, (v.z >> 16) == qid};
+#else
       const cqe_dw3 w{detail::load_cqe_dw3(entry, cq_scope, cuda::memory_order_relaxed)};
       return fields{w.command_id(), entry->dw0, entry->sq_head, w.status().raw, entry->sq_id == qid};
+#endif
     };
     fields next = read_entry(first);
     for (std::uint32_t k = 0; k < n; ++k) {
@@ -430,7 +471,7 @@ struct queue_pair_ref {
     counters->sq_head_pos = sq_head_pos;
     device_atomic<std::uint64_t>(counters->sq_head).store(sq_head, detail::publish_order());
     cq_head.store(first + n, cuda::memory_order_relaxed);
-    detail::doorbell_write(cq_doorbell, static_cast<std::uint32_t>((first + n) % cq_depth), doorbell_scope, true);
+    detail::head_doorbell_write(cq_doorbell, static_cast<std::uint32_t>((first + n) % cq_depth), doorbell_scope);
     lock.store(0, cuda::memory_order_release); // the counters above before the next holder reads them
     return n;
   }

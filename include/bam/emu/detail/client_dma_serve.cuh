@@ -77,12 +77,14 @@ BAM_DEVICE BAM_NOINLINE inline unsigned serve_client_dma(const client_dma_ref& r
     const std::uint64_t s =
         cuda::atomic_ref<std::uint64_t, cuda::thread_scope_system>(slot.seq).load(cuda::memory_order_acquire);
     if (s == seq) {
-      t.prp1 = bam::detail::ld_cv(reinterpret_cast<const unsigned long long*>(&slot.prp1));
-      t.prp2 = bam::detail::ld_cv(reinterpret_cast<const unsigned long long*>(&slot.prp2));
-      t.staging = bam::detail::ld_cv(reinterpret_cast<const unsigned long long*>(&slot.staging));
-      const unsigned long long w = bam::detail::ld_cv(reinterpret_cast<const unsigned long long*>(&slot.bytes));
-      t.bytes = static_cast<std::uint32_t>(w);
-      t.direction = static_cast<dma_direction>(w >> 32);
+      // Two 16-byte reads: each read across the host link is a request of its own.
+      const uint4 a = bam::detail::ld_cv(reinterpret_cast<const uint4*>(&slot.prp1));
+      const uint4 b = bam::detail::ld_cv(reinterpret_cast<const uint4*>(&slot.staging));
+      t.prp1 = static_cast<std::uint64_t>(a.y) << 32 | a.x;
+      t.prp2 = static_cast<std::uint64_t>(a.w) << 32 | a.z;
+      t.staging = static_cast<std::uint64_t>(b.y) << 32 | b.x;
+      t.bytes = b.z;
+      t.direction = static_cast<dma_direction>(b.w);
       valid = true;
     }
   }
