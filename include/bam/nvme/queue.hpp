@@ -153,10 +153,8 @@ BAM_HD constexpr cuda::memory_order publish_order() {
 }
 
 //! An SQ tail doorbell write (a 32-bit register) that every earlier memory
-//! operation of this thread reaches before the device sees it. `fenced`: a
-//! device-scope release fence was made since those operations.
-BAM_HD inline void doorbell_write(volatile std::uint32_t* reg, std::uint32_t value, memory_scope scope,
-                                  bool fenced = false) {
+//! operation of this thread reaches before the device sees it.
+BAM_HD inline void doorbell_write(volatile std::uint32_t* reg, std::uint32_t value, memory_scope scope) {
 #if BAM_DEVICE_CODE
   if (scope == memory_scope::system) {
     // MMIO or host memory: order the SQ entries (GPU or host memory) before
@@ -164,12 +162,10 @@ BAM_HD inline void doorbell_write(volatile std::uint32_t* reg, std::uint32_t val
     cuda::atomic_thread_fence(cuda::memory_order_seq_cst, cuda::thread_scope_system);
     *reg = value;
   } else {
-    device_atomic<std::uint32_t>(*const_cast<std::uint32_t*>(reg))
-        .store(value, fenced ? cuda::memory_order_relaxed : cuda::memory_order_release);
+    device_atomic<std::uint32_t>(*const_cast<std::uint32_t*>(reg)).store(value, cuda::memory_order_release);
   }
 #else
   (void)scope;
-  (void)fenced;
   system_atomic<std::uint32_t>(*const_cast<std::uint32_t*>(reg)).store(value, cuda::memory_order_release);
 #endif
 }
