@@ -25,6 +25,8 @@
 
 #include <catch2/catch_test_macros.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -32,6 +34,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -95,7 +98,8 @@ struct round_plan {
   std::uint32_t reader_one_in = 4;
   std::uint32_t elem_shift = 9; //!< log2(elements per page)
   std::uint64_t write_base = 0;
-  std::uint64_t threads = 0;
+  std::uint64_t threads = 0;     //!< threads of the round, on every GPU together
+  std::uint64_t thread_base = 0; //!< this GPU's first thread among them
   std::uint64_t seed = 0;
   std::uint32_t copy_len = 1200; //!< elements of a reader warp's range copy
 };
@@ -149,7 +153,8 @@ __device__ bool allowed(const round_plan& p, const std::uint32_t* shadow, std::u
 __global__ void storm_round_kernel(bam::array_ref<elem> a, round_plan p, const std::uint32_t* shadow,
                                    std::uint32_t* next_shadow, elem* scratch, storm_counters* c) {
   constexpr unsigned full = 0xffffffffu;
-  const std::uint64_t t = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
+  const std::uint64_t local = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x;
+  const std::uint64_t t = p.thread_base + local; // numbered across the GPUs of the round
   const std::uint64_t warp = t / 32;
   const unsigned lane = threadIdx.x % 32;
   const std::uint64_t n = a.size();
@@ -205,7 +210,7 @@ __global__ void storm_round_kernel(bam::array_ref<elem> a, round_plan p, const s
     // A range copy across pages, every other reader warp.
     if (bam_test::rnd(p.seed + warp) & 1) {
       const std::uint64_t begin = bam_test::rnd(p.seed ^ (warp << 20)) % (n - p.copy_len);
-      elem* out = scratch + warp * p.copy_len;
+      elem* out = scratch + local / 32 * p.copy_len;
       __syncwarp();
       a.copy_to(begin, p.copy_len, out);
       __syncwarp();
@@ -243,17 +248,42 @@ __global__ void storm_round_kernel(bam::array_ref<elem> a, round_plan p, const s
   if (bad) atomicAdd(&c->bad, bad);
 }
 
-__global__ void write_all_kernel(bam::array_ref<elem> a, std::uint32_t version) {
-  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < a.size();
-       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
-    a.write(i, value_of(i, version));
+//! The pages a whole-array kernel visits: every `stride`-th one (1: all).
+struct page_sample {
+  std::uint32_t elem_shift = 0; //!< log2(elements per page)
+  std::uint64_t stride = 1;
+  //! How many elements of an n-element array the sample holds.
+  __host__ __device__ std::uint64_t count(std::uint64_t n) const {
+    const std::uint64_t per_page = 1ull << elem_shift;
+    return ((n / per_page + stride - 1) / stride) * per_page;
+  }
+  //! Its k-th element.
+  __host__ __device__ std::uint64_t element(std::uint64_t k) const {
+    return ((k >> elem_shift) * stride << elem_shift) | (k & ((1ull << elem_shift) - 1));
+  }
+  __host__ __device__ bool holds(std::uint64_t i) const { return (i >> elem_shift) % stride == 0; }
+};
+
+//! Every sampled element i with (i / 8) % parts == part: with several parts
+//! (GPUs) every page is written by all of them.
+__global__ void write_all_kernel(bam::array_ref<elem> a, std::uint32_t version, unsigned part = 0, unsigned parts = 1,
+                                 page_sample sample = {}) {
+  const std::uint64_t count = sample.count(a.size());
+  for (std::uint64_t k = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; k < count;
+       k += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
+    const std::uint64_t i = sample.element(k);
+    if ((i / 8) % parts == part) a.write(i, value_of(i, version));
+  }
 }
 
-//! Every element through the cache equals `want[i]`.
-__global__ void compare_all_kernel(bam::array_ref<elem> a, const elem* want, storm_counters* c) {
+//! Every sampled element through the cache equals `want[i]`.
+__global__ void compare_all_kernel(bam::array_ref<elem> a, const elem* want, storm_counters* c,
+                                   page_sample sample = {}) {
   unsigned long long bad = 0, reads = 0;
-  for (std::uint64_t i = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < a.size();
-       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
+  const std::uint64_t count = sample.count(a.size());
+  for (std::uint64_t k = blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; k < count;
+       k += static_cast<std::uint64_t>(gridDim.x) * blockDim.x) {
+    const std::uint64_t i = sample.element(k);
     const elem x = a[i];
     ++reads;
     if (x != want[i]) note_bad(c, bad, i, x, 0);
@@ -490,10 +520,13 @@ struct storm_profile {
 
 class fault_storm {
 public:
-  fault_storm(const bam::storage& s, storm_profile p, std::uint64_t seed, std::uint64_t lba_span)
-      : s_(s), p_(p), rng_(seed), lba_span_(lba_span) {
-    for (std::uint32_t c = 0; c < s_.controller_count(); ++c)
-      ctrls_.push_back(&bam::emu::software_controller(s_, c));
+  //! A storm on every controller of `storages` (one per GPU on a shared medium, or one).
+  fault_storm(const std::vector<const bam::storage*>& storages, storm_profile p, std::uint64_t seed,
+              std::uint64_t lba_span)
+      : io_queues_(storages.front()->spec().io_queues), p_(p), rng_(seed), lba_span_(lba_span) {
+    for (const bam::storage* s : storages)
+      for (std::uint32_t c = 0; c < s->controller_count(); ++c)
+        ctrls_.push_back(&bam::emu::software_controller(*s, c));
   }
   ~fault_storm() { stop(); }
 
@@ -581,7 +614,7 @@ private:
       r.opcode = static_cast<std::uint8_t>(nvm_opcode::write);
     else
       r.opcode = static_cast<std::uint8_t>(nvm_opcode::flush);
-    if (pick(0, 1)) r.qid = static_cast<std::uint16_t>(pick(1, s_.spec().io_queues));
+    if (pick(0, 1)) r.qid = static_cast<std::uint16_t>(pick(1, io_queues_));
     if (r.opcode != static_cast<std::uint8_t>(nvm_opcode::flush) && pick(0, 2) != 0) {
       // Commands that carry no LBA never match a narrowed range.
       static constexpr std::uint64_t spans[] = {8, 64, 512, 4096};
@@ -649,7 +682,7 @@ private:
     paused_ns_ += ns;
   }
 
-  const bam::storage& s_;
+  std::uint32_t io_queues_;
   storm_profile p_;
   std::vector<bam::emu::emulated_controller*> ctrls_;
   std::mt19937_64 rng_;
@@ -673,6 +706,10 @@ struct storm_config {
   std::uint32_t per_thread = 4;
   std::uint32_t copy_len = 1200;
   double seconds = 20;
+  int gpus = 1; //!< > 1: a storage per GPU on one shared medium (`device` names it), one cache over all
+  //! After the storm, the whole-array read-backs and writes visit every
+  //! this-many-th page (> 1 keeps them short under a sanitizer).
+  std::uint64_t sample_stride = 1;
   storm_profile profile;
   bool past_deadline = false; //!< faults outlast the deadline: queues break, recovery is not promised
 };
@@ -712,17 +749,27 @@ void run_bounded(cudaStream_t stream, double bound_s, const std::string& what, L
 
 void run_storm(const storm_config& k) {
   const std::uint64_t seed = seed_from_env();
-  INFO(k.device << ", seed " << seed << " (BAM_STORM_SEED repeats it)");
-  bam::storage s(k.device);
+  const int gpus = k.gpus;
+  INFO(k.device << " on " << gpus << " GPU(s), seed " << seed << " (BAM_STORM_SEED repeats it)");
+  // A storage per GPU on one medium; one cache over all of them (slots on
+  // each GPU, one copy of a page) when there are several.
+  std::vector<std::optional<bam::storage>> storages(static_cast<std::size_t>(gpus));
+  std::vector<const bam::storage*> all;
+  for (int g = 0; g < gpus; ++g) {
+    storages[static_cast<std::size_t>(g)].emplace(k.device, bam::storage_options{.device = g});
+    all.push_back(&*storages[static_cast<std::size_t>(g)]);
+  }
+  const bam::storage& s = *storages[0];
   REQUIRE(s.controller_count() >= 1);
   REQUIRE((k.n & (k.n - 1)) == 0);
   const std::uint64_t per_page = k.page / sizeof(elem);
   std::uint32_t elem_shift = 0;
   while ((1ull << elem_shift) < per_page)
     ++elem_shift;
-  const std::uint64_t threads = std::uint64_t{k.blocks} * k.threads_per_block;
-  // The kernel's write set is a part of the array; rounds move it along.
-  REQUIRE(threads * k.per_thread <= k.n);
+  const std::uint64_t threads = std::uint64_t{k.blocks} * k.threads_per_block; // on each GPU
+  const std::uint64_t all_threads = threads * static_cast<std::uint64_t>(gpus);
+  // The kernels' write set is a part of the array; rounds move it along.
+  REQUIRE(all_threads * k.per_thread <= k.n);
 
   // Version 1 everywhere, through the media.
   std::vector<elem> initial(k.n);
@@ -730,18 +777,69 @@ void run_storm(const storm_config& k) {
     initial[i] = value_of(i, 1);
   write_array_to_media(s, initial, k.page);
 
-  stream_owner stream;
-  bam::page_cache cache({.page_size = k.page, .capacity = k.cache_bytes, .timeout_ns = k.profile.timeout_ns});
-  bam::array<elem> a(cache, s, k.n, 0, stream);
-  REQUIRE(k.cache_bytes < k.n * sizeof(elem)); // evictions and write-backs all along
-  bam::device_buffer<std::uint32_t> shadow(k.n), next_shadow(k.n);
-  {
-    std::vector<std::uint32_t> init(k.n, shadow_of(1, 1));
-    bam::copy_to_device(shadow.get(), init.data(), k.n);
-    bam::copy_to_device(next_shadow.get(), init.data(), k.n);
+  std::vector<std::unique_ptr<stream_owner>> streams;
+  for (int g = 0; g < gpus; ++g) {
+    const bam::device_scope on(g);
+    streams.push_back(std::make_unique<stream_owner>());
   }
-  bam::device_buffer<elem> scratch(threads / 32 * k.copy_len);
-  device_storm_counters dc;
+  bam::page_cache_config cc{.page_size = k.page, .capacity = k.cache_bytes, .timeout_ns = k.profile.timeout_ns};
+  if (gpus > 1)
+    for (int g = 0; g < gpus; ++g)
+      cc.devices.push_back(g);
+  bam::page_cache cache(cc);
+  if (gpus > 1) REQUIRE(cache.slot_device(cache.slot_count() - 1) == gpus - 1); // slots on every GPU
+  std::vector<std::optional<bam::array<elem>>> arrays(static_cast<std::size_t>(gpus));
+  for (int g = 0; g < gpus; ++g)
+    arrays[static_cast<std::size_t>(g)].emplace(cache, *storages[static_cast<std::size_t>(g)], k.n, 0,
+                                                *streams[static_cast<std::size_t>(g)]);
+  auto array_on = [&](int g) -> bam::array<elem>& { return *arrays[static_cast<std::size_t>(g)]; };
+  auto stream_on = [&](int g) -> cudaStream_t { return *streams[static_cast<std::size_t>(g)]; };
+  REQUIRE(k.cache_bytes < k.n * sizeof(elem)); // evictions and write-backs all along
+  // The shadow lives on GPU 0; the other GPUs reach it as peers.
+  std::optional<bam::device_buffer<std::uint32_t>> shadow_, next_shadow_;
+  {
+    const bam::device_scope on(0);
+    shadow_.emplace(k.n);
+    next_shadow_.emplace(k.n);
+    std::vector<std::uint32_t> init(k.n, shadow_of(1, 1));
+    bam::copy_to_device(shadow_->get(), init.data(), k.n);
+    bam::copy_to_device(next_shadow_->get(), init.data(), k.n);
+  }
+  bam::device_buffer<std::uint32_t>& shadow = *shadow_;
+  bam::device_buffer<std::uint32_t>& next_shadow = *next_shadow_;
+  std::vector<std::unique_ptr<bam::device_buffer<elem>>> scratch;
+  std::vector<std::unique_ptr<device_storm_counters>> dcs;
+  for (int g = 0; g < gpus; ++g) {
+    const bam::device_scope on(g);
+    scratch.push_back(std::make_unique<bam::device_buffer<elem>>(threads / 32 * k.copy_len));
+    dcs.push_back(std::make_unique<device_storm_counters>());
+  }
+  auto reset_counters = [&] {
+    for (auto& d : dcs)
+      d->reset();
+  };
+  //! What the kernels of every GPU counted.
+  auto counted = [&] {
+    storm_counters sum{};
+    sum.first_bad_index = ~0ull;
+    for (auto& d : dcs) {
+      const storm_counters c = d->get();
+      sum.reads += c.reads;
+      sum.writes += c.writes;
+      sum.copied_pages += c.copied_pages;
+      sum.read_failures += c.read_failures;
+      sum.copy_failures += c.copy_failures;
+      sum.lost_writes += c.lost_writes;
+      sum.unknown_writes += c.unknown_writes;
+      if (c.bad != 0 && sum.bad == 0) {
+        sum.first_bad_index = c.first_bad_index;
+        sum.first_bad_value = c.first_bad_value;
+        sum.first_bad_shadow = c.first_bad_shadow;
+      }
+      sum.bad += c.bad;
+    }
+    return sum;
+  };
 
   // A warp may wait for a deadline several times over (a miss, a
   // write-back, its turn, for each of its accesses), and the warps that are
@@ -750,13 +848,30 @@ void run_storm(const storm_config& k) {
   const double kernel_bound_s = bound_env != nullptr && std::atof(bound_env) > 0
                                     ? std::atof(bound_env)
                                     : std::max(120.0, 30 * static_cast<double>(k.profile.timeout_ns) * 1e-9);
+  //! Launch on every GPU at once, then wait for each within the bound.
+  auto on_gpus = [&](const std::string& what, auto&& launch) {
+    for (int g = 0; g < gpus; ++g) {
+      const bam::device_scope on(g);
+      launch(g, stream_on(g));
+      BAM_CUDA_TRY(cudaGetLastError());
+    }
+    for (int g = 0; g < gpus; ++g) {
+      const bam::device_scope on(g);
+      require_finishes(stream_on(g), kernel_bound_s, gpus > 1 ? what + " on GPU " + std::to_string(g) : what);
+      BAM_CUDA_TRY(cudaStreamSynchronize(stream_on(g)));
+    }
+  };
+  // Wide enough for the whole-array kernels to be quick under a sanitizer too.
+  const unsigned all_blocks = std::max(k.blocks, 1024u);
+  const page_sample sample{elem_shift, k.sample_stride};
+  const std::uint64_t sampled = sample.count(k.n);
   storm_cache = &cache;
   struct forget_cache {
     ~forget_cache() { storm_cache = nullptr; }
   } forget;
   const std::uint64_t lba_span =
       (k.n / per_page + s.controller_count() - 1) / s.controller_count() * (k.page / s.lba_size());
-  fault_storm storm(s, k.profile, seed, lba_span);
+  fault_storm storm(all, k.profile, seed, lba_span);
 
   storm_counters total{};
   reports rep;
@@ -768,44 +883,61 @@ void run_storm(const storm_config& k) {
   std::mt19937_64 rng(seed ^ 0x5eed);
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-
-  storm.start();
-  while ((elapsed() < k.seconds || rounds < 2) && version < max_rounds) {
+  auto read_plan = [&] {
     round_plan p;
     p.per_thread = k.per_thread;
     p.elem_shift = elem_shift;
-    p.threads = threads;
+    p.threads = all_threads;
     p.seed = rng();
     p.copy_len = k.copy_len;
+    return p;
+  };
+  auto run_round = [&](const round_plan& p, const std::string& what) {
+    reset_counters();
+    on_gpus(what, [&](int g, cudaStream_t stream) {
+      round_plan here = p;
+      here.thread_base = threads * static_cast<std::uint64_t>(g);
+      storm_round_kernel<<<k.blocks, k.threads_per_block, 0, stream>>>(
+          array_on(g).ref(), here, shadow.get(), next_shadow.get(), scratch[static_cast<std::size_t>(g)]->get(),
+          dcs[static_cast<std::size_t>(g)]->buf.get());
+    });
+    return counted();
+  };
+  auto drain_all = [&](reports& r) {
+    unsigned long long n = 0;
+    for (int g = 0; g < gpus; ++g)
+      n += drain_check(array_on(g), stream_on(g), r);
+    return n;
+  };
+
+  storm.start();
+  while ((elapsed() < k.seconds || rounds < 2) && version < max_rounds) {
+    round_plan p = read_plan();
     p.write_base = rng() & (k.n - 1);
     const bool writing = (rng() & 1) != 0;
     if (writing) p.version = ++version;
-    dc.reset();
-    run_bounded(stream, kernel_bound_s, "storm round " + std::to_string(rounds), [&] {
-      storm_round_kernel<<<k.blocks, k.threads_per_block, 0, stream>>>(a.ref(), p, shadow.get(), next_shadow.get(),
-                                                                       scratch.get(), dc.buf.get());
-    });
-    const storm_counters c = dc.get();
+    const storm_counters c = run_round(p, "storm round " + std::to_string(rounds));
     INFO("round " << rounds << (writing ? " (writing version " + std::to_string(p.version) + ")" : " (reading)"));
     INFO("first bad index " << c.first_bad_index << ": value " << c.first_bad_value << " (version "
                             << (c.first_bad_value >> 32) << "), allowed versions " << shadow_lo(c.first_bad_shadow)
                             << ".." << shadow_hi(c.first_bad_shadow));
     REQUIRE(c.bad == 0);
-    CHECK(c.reads == threads * k.per_thread);
+    CHECK(c.reads == all_threads * k.per_thread);
     if (writing) {
       // Every writer's read-back settled the range of versions its element may hold.
+      const bam::device_scope on(0);
       BAM_CUDA_TRY(cudaMemcpyAsync(shadow.get(), next_shadow.get(), k.n * sizeof(std::uint32_t),
-                                   cudaMemcpyDeviceToDevice, stream));
-      BAM_CUDA_TRY(cudaStreamSynchronize(stream));
+                                   cudaMemcpyDeviceToDevice, stream_on(0)));
+      BAM_CUDA_TRY(cudaStreamSynchronize(stream_on(0)));
       ++write_rounds;
     }
 
-    // What the kernel saw against what check() reports.
+    // What the kernels saw against what check() reports.
     const unsigned long long seen = c.read_failures + c.copy_failures + c.lost_writes;
-    const unsigned long long reported = drain_check(a, stream, rep);
-    INFO("failures seen by the kernel: " << c.read_failures << " reads, " << c.copy_failures << " copied pages, "
-                                         << c.lost_writes << " writes; read-backs that failed " << c.unknown_writes
-                                         << "; reported " << reported);
+    const unsigned long long reported = drain_all(rep);
+    INFO("failures seen by the kernels: " << c.read_failures << " reads, " << c.copy_failures << " copied pages, "
+                                          << c.lost_writes << " writes; read-backs that failed " << c.unknown_writes
+                                          << "; reported " << reported);
     // Each failure the kernel saw is one record (one per group of lanes on a
     // page); a write whose read-back failed as well may be one more. In a
     // round that only reads, the two are equal.
@@ -821,13 +953,13 @@ void run_storm(const storm_config& k) {
     total.lost_writes += c.lost_writes;
     total.unknown_writes += c.unknown_writes;
 
-    // A flush now and then, with the storm going on.
+    // A flush now and then, with the storm going on (from each GPU in turn).
     bool flush_threw = false;
     if (rounds % 3 == 2) {
       ++flushes;
       const auto f0 = std::chrono::steady_clock::now();
       try {
-        cache.flush(stream);
+        cache.flush(stream_on(static_cast<int>(flushes % static_cast<std::uint64_t>(gpus))));
       } catch (const bam::error& e) {
         const std::string w = e.what();
         INFO(w);
@@ -887,7 +1019,7 @@ void run_storm(const storm_config& k) {
     CHECK(rep.access <= seen_failures + unknown_failures);
   }
 
-  std::printf("fault storm over %s (seed %llu):\n"
+  std::printf("fault storm over %s on %d GPU(s) (seed %llu):\n"
               "  %llu rounds (%llu writing) in %.1f s; %llu element reads, %llu element writes, "
               "%llu pages copied\n"
               "  failures seen by kernels: %llu reads, %llu copied pages, %llu writes (+%llu "
@@ -896,7 +1028,7 @@ void run_storm(const storm_config& k) {
               "of %llu threw "
               "(%llu NVMe Flush failures)\n"
               "  storm: %s\n",
-              k.device.c_str(), static_cast<unsigned long long>(seed), static_cast<unsigned long long>(rounds),
+              k.device.c_str(), gpus, static_cast<unsigned long long>(seed), static_cast<unsigned long long>(rounds),
               static_cast<unsigned long long>(write_rounds), storm_s, total.reads, total.writes, total.copied_pages,
               total.read_failures, total.copy_failures, total.lost_writes, total.unknown_writes, rep.access,
               rep.writeback, static_cast<unsigned long long>(failed_flushes), static_cast<unsigned long long>(flushes),
@@ -910,7 +1042,7 @@ void run_storm(const storm_config& k) {
     reports after;
     const auto f0 = std::chrono::steady_clock::now();
     try {
-      cache.flush(stream);
+      cache.flush(stream_on(0));
     } catch (const bam::error& e) {
       INFO(e.what());
       CHECK(recorded_count(e.what()) > 0);
@@ -921,28 +1053,40 @@ void run_storm(const storm_config& k) {
     for (std::uint64_t i = 0; i < k.n; ++i)
       if (!is_value_of(media[i], i) || version_of(media[i]) > version) ++bad;
     CHECK(bad == 0);
-    dc.reset();
-    round_plan p;
-    p.per_thread = k.per_thread;
-    p.elem_shift = elem_shift;
-    p.threads = threads;
-    p.seed = rng();
-    p.copy_len = k.copy_len;
-    run_bounded(stream, kernel_bound_s, "read round after the storm", [&] {
-      storm_round_kernel<<<k.blocks, k.threads_per_block, 0, stream>>>(a.ref(), p, shadow.get(), next_shadow.get(),
-                                                                       scratch.get(), dc.buf.get());
-    });
-    const storm_counters c = dc.get();
+    const storm_counters c = run_round(read_plan(), "read round after the storm");
     CHECK(c.bad == 0);
-    CHECK(drain_check(a, stream, after) == c.read_failures + c.copy_failures);
+    CHECK(drain_all(after) == c.read_failures + c.copy_failures);
     return;
   }
+
+  // Every GPU reads every element through the cache and finds `want`.
+  auto compare_all = [&](const std::vector<elem>& want_host, const std::string& what) {
+    std::vector<std::unique_ptr<bam::device_buffer<elem>>> want;
+    for (int g = 0; g < gpus; ++g) {
+      const bam::device_scope on(g);
+      want.push_back(std::make_unique<bam::device_buffer<elem>>(k.n));
+      bam::copy_to_device(want.back()->get(), want_host.data(), k.n);
+    }
+    reset_counters();
+    on_gpus(what, [&](int g, cudaStream_t stream) {
+      compare_all_kernel<<<all_blocks, k.threads_per_block, 0, stream>>>(
+          array_on(g).ref(), want[static_cast<std::size_t>(g)]->get(), dcs[static_cast<std::size_t>(g)]->buf.get(),
+          sample);
+    });
+    for (int g = 0; g < gpus; ++g)
+      REQUIRE_NOTHROW(array_on(g).check(stream_on(g)));
+    const storm_counters c = counted();
+    INFO(what << ": first element read wrong " << c.first_bad_index);
+    CHECK(c.reads == sampled * static_cast<std::uint64_t>(gpus));
+    CHECK(c.bad == 0);
+  };
 
   // The faults are gone: the cache works again. A flush writes back every
   // page whose write-back failed, after which the media holds what the
   // cache holds, and each element a version its shadow allows.
-  REQUIRE_NOTHROW(a.check(stream));
-  REQUIRE_NOTHROW(cache.flush(stream));
+  for (int g = 0; g < gpus; ++g)
+    REQUIRE_NOTHROW(array_on(g).check(stream_on(g)));
+  REQUIRE_NOTHROW(cache.flush(stream_on(0)));
   std::vector<elem> media = read_array_from_media(s, k.n, k.page);
   std::vector<std::uint32_t> sh(k.n);
   bam::copy_to_host(sh.data(), shadow.get(), k.n);
@@ -955,37 +1099,37 @@ void run_storm(const storm_config& k) {
   }
   INFO("first bad element on the media " << first_bad);
   CHECK(bad == 0);
-  bam::device_buffer<elem> want(k.n);
-  bam::copy_to_device(want.get(), media.data(), k.n);
-  dc.reset();
-  run_bounded(stream, kernel_bound_s, "read-back of every element after the storm", [&] {
-    compare_all_kernel<<<k.blocks, k.threads_per_block, 0, stream>>>(a.ref(), want.get(), dc.buf.get());
-  });
-  REQUIRE_NOTHROW(a.check(stream));
-  CHECK(dc.get().reads == k.n);
-  CHECK(dc.get().bad == 0);
+  compare_all(media, "read-back of every element after the storm");
 
-  // A full round: every element written, flushed, read back through the
-  // cache and from the media.
+  // A full round: every element written (the GPUs' elements interleaved
+  // within each page), flushed once, read back through the cache by every
+  // GPU and from the media.
   const std::uint32_t last = ++version;
-  run_bounded(stream, kernel_bound_s, "writing every element after the storm",
-              [&] { write_all_kernel<<<k.blocks, k.threads_per_block, 0, stream>>>(a.ref(), last); });
-  REQUIRE_NOTHROW(a.check(stream));
-  REQUIRE_NOTHROW(cache.flush(stream));
-  for (std::uint64_t i = 0; i < k.n; ++i)
-    media[i] = value_of(i, last);
-  bam::copy_to_device(want.get(), media.data(), k.n);
-  dc.reset();
-  run_bounded(stream, kernel_bound_s, "reading every element after the storm", [&] {
-    compare_all_kernel<<<k.blocks, k.threads_per_block, 0, stream>>>(a.ref(), want.get(), dc.buf.get());
+  on_gpus("writing every element after the storm", [&](int g, cudaStream_t stream) {
+    write_all_kernel<<<all_blocks, k.threads_per_block, 0, stream>>>(array_on(g).ref(), last, static_cast<unsigned>(g),
+                                                                     static_cast<unsigned>(gpus), sample);
   });
-  REQUIRE_NOTHROW(a.check(stream));
-  CHECK(dc.get().reads == k.n);
-  CHECK(dc.get().bad == 0);
+  for (int g = 0; g < gpus; ++g)
+    REQUIRE_NOTHROW(array_on(g).check(stream_on(g)));
+  const std::uint64_t writebacks_before = cache.counters().writebacks;
+  REQUIRE_NOTHROW(cache.flush(stream_on(gpus - 1)));
+  // Every written page reaches the media (by an eviction or the flush): the
+  // flush writes those the cache still holds, once, and leaves nothing dirty.
+  const std::uint64_t written_pages = sampled / per_page;
+  const std::uint64_t written_back = cache.counters().writebacks - writebacks_before;
+  INFO("pages written " << written_pages << ", written back since " << written_back);
+  CHECK(written_back >= std::min(written_pages, k.cache_bytes / k.page) / 2);
+  // A sample that fills a sixteenth of the cache stays in it: each page once.
+  if (written_pages <= k.cache_bytes / k.page / 16) CHECK(written_back == written_pages);
+  REQUIRE_NOTHROW(cache.flush(stream_on(0)));
+  CHECK(cache.counters().writebacks == writebacks_before + written_back);
+  for (std::uint64_t i = 0; i < k.n; ++i)
+    if (sample.holds(i)) media[i] = value_of(i, last);
+  compare_all(media, "reading every element after the storm");
   const std::vector<elem> flushed = read_array_from_media(s, k.n, k.page);
   bad = 0;
   for (std::uint64_t i = 0; i < k.n; ++i)
-    bad += flushed[i] != value_of(i, last);
+    bad += flushed[i] != media[i];
   CHECK(bad == 0);
 }
 
@@ -1097,6 +1241,65 @@ TEST_CASE("fault storm, small, for the sanitizers", "[gpu][storm][sanitize]") {
   k.seconds = 2;
   // Errors and short delays only: under a sanitizer the host's changes may
   // wait for the kernel, and a pause would then outlast the deadline.
+  k.profile.timeout_ns = 20'000'000'000ull;
+  k.profile.max_delay_ns = 2'000'000;
+  k.profile.max_gap = std::chrono::milliseconds(20);
+  run_storm(k);
+}
+
+namespace {
+
+//! Two GPUs, each with a storage of its own on one shared medium, reading
+//! and writing one array through one cache over both, the storm on all four
+//! controllers. 512-byte pages: the smallest cache with slots on both GPUs
+//! is 256 MiB (two runs of 262,144 slots), the array twice that.
+storm_config two_gpu_storm(double seconds, const std::string& shm_name) {
+  storm_config k;
+  k.gpus = 2;
+  k.device = "emu-gpu:shm=" + shm_name + ",size=256M,ssds=2,queues=64,depth=128,timeout=5s,unlink";
+  k.page = 512;
+  k.cache_bytes = 256ull << 20;
+  k.n = 64ull << 20; // 512 MiB
+  k.seconds = seconds;
+  k.profile = recoverable(5'000'000'000ull);
+  return k; // 131,072 threads on each GPU
+}
+
+//! A shared-memory name of this process's own (`unlink`: gone with its last user).
+std::string storm_shm_name() {
+  static int serial = 0;
+  return "test-storm-" + std::to_string(::getpid()) + "-" + std::to_string(serial++);
+}
+
+bool two_peer_gpus() {
+  int n = 0;
+  BAM_CUDA_TRY(cudaGetDeviceCount(&n));
+  if (n < 2) return false;
+  int ab = 0, ba = 0;
+  BAM_CUDA_TRY(cudaDeviceCanAccessPeer(&ab, 0, 1));
+  BAM_CUDA_TRY(cudaDeviceCanAccessPeer(&ba, 1, 0));
+  return ab != 0 && ba != 0;
+}
+
+} // namespace
+
+TEST_CASE("fault storm over two GPUs writing and reading one array through one cache over both",
+          "[gpu][storm][node-cache]") {
+  if (!two_peer_gpus()) SKIP("this test needs 2 GPUs with peer access");
+  run_storm(two_gpu_storm(seconds_from_env(20) / 2, storm_shm_name()));
+}
+
+TEST_CASE("fault storm over two GPUs, small, for the sanitizers", "[gpu][storm][node-cache][sanitize]") {
+  if (!two_peer_gpus()) SKIP("this test needs 2 GPUs with peer access");
+  const std::string name = storm_shm_name();
+  storm_config k = two_gpu_storm(2, name);
+  k.device = "emu-gpu:shm=" + name + ",size=256M,ssds=2,queues=8,depth=32,timeout=20s,unlink";
+  k.blocks = 4;
+  k.threads_per_block = 64;
+  k.per_thread = 2;
+  k.copy_len = 700;
+  k.sample_stride = 64; // whole-array passes over 16,384 pages, not a million
+  k.profile = storm_profile{};
   k.profile.timeout_ns = 20'000'000'000ull;
   k.profile.max_delay_ns = 2'000'000;
   k.profile.max_gap = std::chrono::milliseconds(20);
