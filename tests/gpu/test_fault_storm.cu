@@ -294,6 +294,18 @@ __global__ void compare_all_kernel(bam::array_ref<elem> a, const elem* want, sto
 
 // ---- host side ---------------------------------------------------------------
 
+//! Adds the counts of `c` (not the first bad value) to `to`.
+void add_counts(storm_counters& to, const storm_counters& c) {
+  to.reads += c.reads;
+  to.writes += c.writes;
+  to.copied_pages += c.copied_pages;
+  to.read_failures += c.read_failures;
+  to.copy_failures += c.copy_failures;
+  to.lost_writes += c.lost_writes;
+  to.unknown_writes += c.unknown_writes;
+  to.bad += c.bad;
+}
+
 struct device_storm_counters {
   bam::device_buffer<storm_counters> buf{1};
   device_storm_counters() { reset(); }
@@ -824,19 +836,12 @@ void run_storm(const storm_config& k) {
     sum.first_bad_index = ~0ull;
     for (auto& d : dcs) {
       const storm_counters c = d->get();
-      sum.reads += c.reads;
-      sum.writes += c.writes;
-      sum.copied_pages += c.copied_pages;
-      sum.read_failures += c.read_failures;
-      sum.copy_failures += c.copy_failures;
-      sum.lost_writes += c.lost_writes;
-      sum.unknown_writes += c.unknown_writes;
       if (c.bad != 0 && sum.bad == 0) {
         sum.first_bad_index = c.first_bad_index;
         sum.first_bad_value = c.first_bad_value;
         sum.first_bad_shadow = c.first_bad_shadow;
       }
-      sum.bad += c.bad;
+      add_counts(sum, c);
     }
     return sum;
   };
@@ -945,13 +950,7 @@ void run_storm(const storm_config& k) {
     CHECK(reported <= seen + c.unknown_writes);
     seen_failures += seen;
     unknown_failures += c.unknown_writes;
-    total.reads += c.reads;
-    total.writes += c.writes;
-    total.copied_pages += c.copied_pages;
-    total.read_failures += c.read_failures;
-    total.copy_failures += c.copy_failures;
-    total.lost_writes += c.lost_writes;
-    total.unknown_writes += c.unknown_writes;
+    add_counts(total, c);
 
     // A flush now and then, with the storm going on (from each GPU in turn).
     bool flush_threw = false;
