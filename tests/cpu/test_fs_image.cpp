@@ -10,9 +10,11 @@
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <fcntl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -399,4 +401,105 @@ TEST_CASE("maps of an image's files fail (ESTALE) once a file changes, alone and
   fs::copy_file(image, s.dir / "copy.img");
   fs::rename(s.dir / "copy.img", image);
   CHECK_THAT(stale_message([&] { again.check_unchanged(); }), ContainsSubstring("another file"));
+}
+
+namespace {
+
+//! Adds `count` empty regular files `<prefix><k>` to the directory `dir` of
+//! the ext4 image (an indexed one: each is added in a few block reads), as a
+//! program writing a data set would, through libext2fs.
+void add_empty_files(const fs::path& image, const std::string& dir, const std::string& prefix, std::uint64_t count) {
+  ext2_filsys fs = nullptr;
+  REQUIRE(ext2fs_open(image.c_str(), EXT2_FLAG_RW | EXT2_FLAG_64BITS, 0, 0, unix_io_manager, &fs) == 0);
+  REQUIRE(ext2fs_read_bitmaps(fs) == 0);
+  ext2_ino_t parent = 0;
+  REQUIRE(ext2fs_namei(fs, EXT2_ROOT_INO, EXT2_ROOT_INO, dir.c_str(), &parent) == 0);
+  auto fail_at = [](const std::string& name, const char* step, errcode_t e) {
+    FAIL(name << ": " << step << ": " << ::error_message(e));
+  };
+  for (std::uint64_t k = 0; k < count; ++k) { // no assertion per file: a million of them would take long
+    const std::string name = prefix + std::to_string(k);
+    ext2_ino_t ino = 0;
+    if (const errcode_t e = ext2fs_new_inode(fs, parent, LINUX_S_IFREG | 0644, nullptr, &ino); e != 0)
+      fail_at(name, "new inode", e);
+    ext2_inode inode{};
+    inode.i_mode = LINUX_S_IFREG | 0644;
+    inode.i_links_count = 1;
+    if (const errcode_t e = ext2fs_write_new_inode(fs, ino, &inode); e != 0) fail_at(name, "writing the inode", e);
+    ext2fs_inode_alloc_stats2(fs, ino, +1, 0);
+    errcode_t e = ext2fs_link(fs, parent, name.c_str(), ino, EXT2_FT_REG_FILE);
+    if (e == EXT2_ET_DIR_NO_SPACE) {
+      if (const errcode_t x = ext2fs_expand_dir(fs, parent); x != 0) fail_at(name, "expanding the directory", x);
+      e = ext2fs_link(fs, parent, name.c_str(), ino, EXT2_FT_REG_FILE);
+    }
+    if (e != 0) fail_at(name, "linking it", e);
+  }
+  REQUIRE(ext2fs_close_free(&fs) == 0);
+}
+
+} // namespace
+
+TEST_CASE("a directory of a million files: listed, mapped as one set and checked, each directory read once",
+          "[fs_image]") {
+  scratch s;
+  // 2,000 files made by mkfs (every tenth with data, sizes up to 3 blocks),
+  // the directory indexed by e2fsck -D, then 998,000 empty files added.
+  constexpr std::uint64_t made = 2000, added = 998'000;
+  std::vector<std::pair<std::string, std::vector<unsigned char>>> with_data;
+  fs::create_directories(s.dir / "src" / "flat");
+  for (std::uint64_t k = 0; k < made; ++k) {
+    const std::string name = "made-" + std::to_string(k);
+    std::vector<unsigned char> bytes;
+    if (k % 10 == 0) bytes = random_bytes(1 + (k * 7919) % (3 * 4096), k + 77);
+    write_file(s.dir / "src" / "flat" / name, bytes);
+    if (!bytes.empty()) with_data.push_back({"/flat/" + name, std::move(bytes)});
+  }
+  const fs::path image = s.dir / "million.img";
+  run("truncate -s 1G " + image.string());
+  run("mkfs.ext4 -q -F -b 4096 -N 1050000 -O ^has_journal -d " + (s.dir / "src").string() + " " + image.string());
+  // Exit status 1: e2fsck changed something (it indexed the directory).
+  const int fsck = std::system(("e2fsck -fyD " + image.string() + " > /dev/null 2>&1").c_str());
+  REQUIRE((fsck == 0 || WEXITSTATUS(fsck) == 1));
+  add_empty_files(image, "/flat", "e", added);
+
+  const bam::fs_image img(image.string());
+  const std::vector<std::string> names = img.files("/flat");
+  REQUIRE(names.size() == made + added);
+  CHECK(std::is_sorted(names.begin(), names.end()));
+  CHECK(std::binary_search(names.begin(), names.end(), "/flat/e997999"));
+  CHECK(std::binary_search(names.begin(), names.end(), "/flat/made-1999"));
+
+  const bam::file_set set = img.map_files("/flat");
+  REQUIRE(set.size() == made + added);
+  CHECK(set.runs() == with_data.size()); // each file with data in one run, the empty ones in none
+  std::uint64_t bytes = 0;
+  const bam::file_set_ref r = set.ref();
+  for (const auto& [path, want] : with_data) {
+    const auto i = static_cast<std::uint64_t>(std::lower_bound(names.begin(), names.end(), path) - names.begin());
+    REQUIRE(i < set.size());
+    INFO(path);
+    REQUIRE(set.path(i) == path);
+    CHECK(set.file_size(i) == want.size());
+    CHECK(read_through(r, i, image) == want);
+    bytes += want.size();
+  }
+  CHECK(set.total_bytes() == bytes);
+  for (const std::uint64_t i : {std::uint64_t{0}, std::uint64_t{123'456}, set.size() - 1})
+    if (set.path(i).rfind("/flat/e", 0) == 0) CHECK(set.file_size(i) == 0);
+  CHECK_NOTHROW(set.check_unchanged());
+
+  // One of the million removed: the set's check names it.
+  {
+    std::ofstream cmds(s.dir / "cmds");
+    cmds << "rm /flat/e654321\n";
+  }
+  run("debugfs -w -f " + (s.dir / "cmds").string() + " " + image.string());
+  try {
+    set.check_unchanged();
+    FAIL("the set's check missed a removed file");
+  } catch (const bam::error& e) {
+    CHECK(e.context().errnum == ESTALE);
+    CHECK_THAT(std::string(e.what()), ContainsSubstring("/flat/e654321"));
+    CHECK_THAT(std::string(e.what()), ContainsSubstring("no longer a regular file"));
+  }
 }

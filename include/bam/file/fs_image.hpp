@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -101,20 +102,8 @@ public:
   }
   //! `map`, and the file's stamp into `stamp`.
   extent_map map(const std::string& path, const extent_map_options& opts, file_stamp& stamp) const {
-    std::vector<raw_extent> raw = layout(path, stamp);
-    block_device_info dev;
-    dev.disk = image_;
-    dev.disk_node = image_;
-    dev.partition_start = offset_;
-    dev.disk_bytes = image_bytes_;
-    dev.lba_size = lba_size_;
-    extent_map m = extent_map::from_extents(where(path), std::move(raw), stamp.size, dev, opts);
-    const auto check = files_check({{path, stamp}});
-    m.set_change_check([check] {
-      std::string ignored;
-      return check(ignored);
-    });
-    return m;
+    ext2_inode inode{};
+    return map_at(path, regular_file(path, inode), inode, opts, stamp);
   }
 
   //! The pieces of the regular file `path` as FIEMAP would report them, and its stamp.
@@ -122,20 +111,7 @@ public:
   std::vector<raw_extent> layout(const std::string& path, file_stamp& stamp) const {
     ext2_inode inode{};
     const ext2_ino_t ino = regular_file(path, inode);
-    const std::uint64_t size = EXT2_I_SIZE(&inode);
-    std::vector<raw_extent> raw;
-    std::uint32_t common = 0; // flags every piece carries
-    if (inode.i_flags & EXT4_ENCRYPT_FL) common |= FIEMAP_EXTENT_DATA_ENCRYPTED;
-    if (inode.i_flags & EXT4_INLINE_DATA_FL) {
-      // The data lives in the inode itself: one piece FIEMAP reports as inline.
-      if (size != 0) raw.push_back({0, 0, align_up(size), FIEMAP_EXTENT_DATA_INLINE | common});
-    } else if (inode.i_flags & EXT4_EXTENTS_FL) {
-      extents_of(path, ino, inode, common, raw);
-    } else {
-      blocks_of(path, ino, common, raw);
-    }
-    stamp = {ino, inode.i_generation, inode.i_mtime, inode.i_ctime, size, extent_map::layout_hash(raw)};
-    return raw;
+    return layout_at(path, ino, inode, stamp);
   }
 
   //! The bytes of the regular file `path` as the file system reads them
@@ -167,17 +143,9 @@ public:
   //! Paths of the regular files below directory `dir` (all depths), sorted.
   //! @throw bam::error (ENOENT) for a missing `dir`, (ENOTDIR) for one that is no directory.
   std::vector<std::string> files(const std::string& dir = "/") const {
-    ext2_ino_t ino = 0;
-    if (const errcode_t e = ext2fs_namei(fs_, EXT2_ROOT_INO, EXT2_ROOT_INO, dir.c_str(), &ino); e != 0)
-      fail(where(dir) + ": no such directory in the file system", e, ENOENT);
-    if (ext2fs_check_directory(fs_, ino) != 0) {
-      error_context c;
-      c.errnum = ENOTDIR;
-      throw error(where(dir) + ": not a directory", c);
-    }
     std::vector<std::string> out;
-    walk(ino, dir == "/" ? std::string() : (dir.back() == '/' ? dir.substr(0, dir.size() - 1) : dir), out);
-    std::sort(out.begin(), out.end());
+    for (auto& [path, ino] : files_with_inodes(dir))
+      out.push_back(std::move(path));
     return out;
   }
 
@@ -188,9 +156,11 @@ public:
   file_set map_files(const std::string& dir = "/", const extent_map_options& opts = {}) const {
     std::vector<file_set::named_map> maps;
     std::vector<std::pair<std::string, file_stamp>> stamps;
-    for (std::string& p : files(dir)) {
+    for (auto& [p, ino] : files_with_inodes(dir)) { // no lookup by name: the walk knows each inode
       file_stamp s;
-      extent_map m = map(p, opts, s);
+      ext2_inode inode{};
+      read_regular(p, ino, inode);
+      extent_map m = map_at(p, ino, inode, opts, s);
       stamps.emplace_back(p, s);
       maps.push_back({std::move(p), std::move(m)});
     }
@@ -201,6 +171,60 @@ public:
 
 private:
   std::string where(const std::string& path) const { return image_ + ":" + path; }
+
+  //! `files(dir)` with each file's inode number, sorted by path.
+  std::vector<std::pair<std::string, ext2_ino_t>> files_with_inodes(const std::string& dir) const {
+    ext2_ino_t ino = 0;
+    if (const errcode_t e = ext2fs_namei(fs_, EXT2_ROOT_INO, EXT2_ROOT_INO, dir.c_str(), &ino); e != 0)
+      fail(where(dir) + ": no such directory in the file system", e, ENOENT);
+    if (ext2fs_check_directory(fs_, ino) != 0) {
+      error_context c;
+      c.errnum = ENOTDIR;
+      throw error(where(dir) + ": not a directory", c);
+    }
+    std::vector<std::pair<std::string, ext2_ino_t>> out;
+    walk(ino, dir == "/" ? std::string() : (dir.back() == '/' ? dir.substr(0, dir.size() - 1) : dir), out);
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  //! `layout` of the file `path` whose inode `ino` (read into `inode`) is a regular file.
+  std::vector<raw_extent> layout_at(const std::string& path, ext2_ino_t ino, ext2_inode& inode,
+                                    file_stamp& stamp) const {
+    const std::uint64_t size = EXT2_I_SIZE(&inode);
+    std::vector<raw_extent> raw;
+    std::uint32_t common = 0; // flags every piece carries
+    if (inode.i_flags & EXT4_ENCRYPT_FL) common |= FIEMAP_EXTENT_DATA_ENCRYPTED;
+    if (inode.i_flags & EXT4_INLINE_DATA_FL) {
+      // The data lives in the inode itself: one piece FIEMAP reports as inline.
+      if (size != 0) raw.push_back({0, 0, align_up(size), FIEMAP_EXTENT_DATA_INLINE | common});
+    } else if (inode.i_flags & EXT4_EXTENTS_FL) {
+      extents_of(path, ino, inode, common, raw);
+    } else {
+      blocks_of(path, ino, common, raw);
+    }
+    stamp = {ino, inode.i_generation, inode.i_mtime, inode.i_ctime, size, extent_map::layout_hash(raw)};
+    return raw;
+  }
+
+  //! `map` of the file `path` whose inode `ino` (read into `inode`) is a regular file.
+  extent_map map_at(const std::string& path, ext2_ino_t ino, ext2_inode& inode, const extent_map_options& opts,
+                    file_stamp& stamp) const {
+    std::vector<raw_extent> raw = layout_at(path, ino, inode, stamp);
+    block_device_info dev;
+    dev.disk = image_;
+    dev.disk_node = image_;
+    dev.partition_start = offset_;
+    dev.disk_bytes = image_bytes_;
+    dev.lba_size = lba_size_;
+    extent_map m = extent_map::from_extents(where(path), std::move(raw), stamp.size, dev, opts);
+    const auto check = files_check({{path, stamp}});
+    m.set_change_check([check] {
+      std::string ignored;
+      return check(ignored);
+    });
+    return m;
+  }
 
   //! A check that `files` are as their stamps say: the image opened again
   //! (and still the same file), each file looked up. It returns what changed
@@ -220,11 +244,20 @@ private:
       } catch (const std::exception& e) {
         return std::string("the image can no longer be read as a file system (") + e.what() + ")";
       }
-      for (const auto& [path, then] : files) {
+      std::vector<std::string> paths;
+      paths.reserve(files.size());
+      for (const auto& f : files)
+        paths.push_back(f.first);
+      const std::vector<ext2_ino_t> inos = again->lookup_all(paths);
+      for (std::size_t k = 0; k < files.size(); ++k) {
+        const auto& [path, then] = files[k];
         changed = again->where(path);
+        if (inos[k] == 0) return "it is no longer a regular file there (no such file in the file system)";
         file_stamp s;
         try {
-          (void)again->layout(path, s);
+          ext2_inode inode{};
+          again->read_regular(path, inos[k], inode);
+          (void)again->layout_at(path, inos[k], inode, s);
         } catch (const std::exception& e) {
           return std::string("it is no longer a regular file there (") + e.what() + ")";
         }
@@ -243,29 +276,68 @@ private:
     ext2_ino_t ino = 0;
     if (const errcode_t e = ext2fs_namei(fs_, EXT2_ROOT_INO, EXT2_ROOT_INO, path.c_str(), &ino); e != 0)
       fail(where(path) + ": no such file in the file system", e, ENOENT);
-    if (const errcode_t e = ext2fs_read_inode(fs_, ino, &inode); e != 0) fail(where(path) + ": reading its inode", e);
-    if (!LINUX_S_ISREG(inode.i_mode)) detail::extent_refusal(where(path), "not a regular file", EINVAL);
+    read_regular(path, ino, inode);
     return ino;
   }
+  //! Inode `ino` (the file `path`) into `inode`; it must be a regular file.
+  void read_regular(const std::string& path, ext2_ino_t ino, ext2_inode& inode) const {
+    if (const errcode_t e = ext2fs_read_inode(fs_, ino, &inode); e != 0) fail(where(path) + ": reading its inode", e);
+    if (!LINUX_S_ISREG(inode.i_mode)) detail::extent_refusal(where(path), "not a regular file", EINVAL);
+  }
 
-  //! Regular files below directory `ino` (whose path is `prefix`) into `out`.
-  void walk(ext2_ino_t ino, const std::string& prefix, std::vector<std::string>& out) const {
-    struct entry {
-      std::string name;
-      ext2_ino_t ino;
-      int type;
-    };
+  //! The inode numbers of `paths` (absolute), 0 for one that is not there.
+  //! Each directory is read once, however many of the paths are in it: a
+  //! path looked up alone (ext2fs_namei) scans its directory, so a million
+  //! files of one directory looked up one by one would take hours.
+  std::vector<ext2_ino_t> lookup_all(const std::vector<std::string>& paths) const {
+    std::unordered_map<std::string, std::unordered_map<std::string, ext2_ino_t>> dirs;
+    std::vector<ext2_ino_t> out;
+    out.reserve(paths.size());
+    for (const std::string& path : paths) {
+      const std::size_t slash = path.rfind('/');
+      if (slash == std::string::npos || slash + 1 == path.size()) {
+        out.push_back(0);
+        continue;
+      }
+      const std::string parent = slash == 0 ? "/" : path.substr(0, slash);
+      auto [it, added] = dirs.try_emplace(parent);
+      if (added) {
+        ext2_ino_t dir = 0;
+        if (ext2fs_namei(fs_, EXT2_ROOT_INO, EXT2_ROOT_INO, parent.c_str(), &dir) == 0 &&
+            ext2fs_check_directory(fs_, dir) == 0)
+          for (entry& en : entries_of(dir, parent))
+            it->second.emplace(std::move(en.name), en.ino);
+      }
+      const auto found = it->second.find(path.substr(slash + 1));
+      out.push_back(found == it->second.end() ? 0 : found->second);
+    }
+    return out;
+  }
+
+  //! An entry of a directory.
+  struct entry {
+    std::string name;
+    ext2_ino_t ino;
+    int type; //!< EXT2_FT_*
+  };
+  //! The entries of directory `ino` (whose path is `path`) but "." and "..".
+  std::vector<entry> entries_of(ext2_ino_t ino, const std::string& path) const {
     std::vector<entry> entries;
     auto each = [](ext2_ino_t, int, ext2_dir_entry* d, int, int, char*, void* p) -> int {
       const int len = ext2fs_dirent_name_len(d);
-      const std::string name(d->name, static_cast<std::size_t>(len));
+      std::string name(d->name, static_cast<std::size_t>(len));
       if (name != "." && name != "..")
-        static_cast<std::vector<entry>*>(p)->push_back({name, d->inode, ext2fs_dirent_file_type(d)});
+        static_cast<std::vector<entry>*>(p)->push_back({std::move(name), d->inode, ext2fs_dirent_file_type(d)});
       return 0;
     };
     if (const errcode_t e = ext2fs_dir_iterate2(fs_, ino, 0, nullptr, each, &entries); e != 0)
-      fail(where(prefix.empty() ? "/" : prefix) + ": reading the directory", e);
-    for (const entry& en : entries) {
+      fail(where(path.empty() ? "/" : path) + ": reading the directory", e);
+    return entries;
+  }
+
+  //! Regular files below directory `ino` (whose path is `prefix`) into `out`, with their inode numbers.
+  void walk(ext2_ino_t ino, const std::string& prefix, std::vector<std::pair<std::string, ext2_ino_t>>& out) const {
+    for (const entry& en : entries_of(ino, prefix)) {
       const std::string path = prefix + "/" + en.name;
       int type = en.type;
       if (type == EXT2_FT_UNKNOWN) { // no file types in the directory entries: ask the inode
@@ -275,7 +347,7 @@ private:
         type = LINUX_S_ISDIR(inode.i_mode) ? EXT2_FT_DIR : LINUX_S_ISREG(inode.i_mode) ? EXT2_FT_REG_FILE : -1;
       }
       if (type == EXT2_FT_REG_FILE)
-        out.push_back(path);
+        out.emplace_back(path, en.ino);
       else if (type == EXT2_FT_DIR)
         walk(en.ino, path, out);
     }
