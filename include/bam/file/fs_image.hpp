@@ -58,6 +58,8 @@ public:
     if (::stat(image_.c_str(), &st) != 0) throw_errno("opening file system image " + image_);
     image_bytes_ = static_cast<std::uint64_t>(st.st_size);
     if (S_ISBLK(st.st_mode)) image_bytes_ = 0; // a block device: its size is not checked here
+    image_dev_ = st.st_dev;
+    image_ino_ = st.st_ino;
     const std::string io_options = fs_offset != 0 ? "offset=" + std::to_string(fs_offset) : std::string();
     const errcode_t e =
         ext2fs_open2(image_.c_str(), io_options.empty() ? nullptr : io_options.c_str(), 0, 0, 0, unix_io_manager, &fs_);
@@ -75,7 +77,7 @@ public:
   fs_image& operator=(const fs_image&) = delete;
   fs_image(fs_image&& o) noexcept
       : image_(std::move(o.image_)), offset_(o.offset_), lba_size_(o.lba_size_), image_bytes_(o.image_bytes_),
-        fs_(std::exchange(o.fs_, nullptr)) {}
+        image_dev_(o.image_dev_), image_ino_(o.image_ino_), fs_(std::exchange(o.fs_, nullptr)) {}
 
   const std::string& image() const { return image_; }
   //! The file system's block size in bytes.
@@ -102,16 +104,13 @@ public:
   }
   //! `map`, and the file's stamp into `stamp`.
   extent_map map(const std::string& path, const extent_map_options& opts, file_stamp& stamp) const {
-    ext2_inode inode{};
-    return map_at(path, regular_file(path, inode), inode, opts, stamp);
+    return map_at(path, lookup(path), opts, stamp);
   }
 
   //! The pieces of the regular file `path` as FIEMAP would report them, and its stamp.
   //! @throw bam::error as `map` does for a path that is not a regular file
   std::vector<raw_extent> layout(const std::string& path, file_stamp& stamp) const {
-    ext2_inode inode{};
-    const ext2_ino_t ino = regular_file(path, inode);
-    return layout_at(path, ino, inode, stamp);
+    return layout_at(path, lookup(path), stamp);
   }
 
   //! The bytes of the regular file `path` as the file system reads them
@@ -158,9 +157,7 @@ public:
     std::vector<std::pair<std::string, file_stamp>> stamps;
     for (auto& [p, ino] : files_with_inodes(dir)) { // no lookup by name: the walk knows each inode
       file_stamp s;
-      ext2_inode inode{};
-      read_regular(p, ino, inode);
-      extent_map m = map_at(p, ino, inode, opts, s);
+      extent_map m = map_at(p, ino, opts, s);
       stamps.emplace_back(p, s);
       maps.push_back({std::move(p), std::move(m)});
     }
@@ -188,9 +185,10 @@ private:
     return out;
   }
 
-  //! `layout` of the file `path` whose inode `ino` (read into `inode`) is a regular file.
-  std::vector<raw_extent> layout_at(const std::string& path, ext2_ino_t ino, ext2_inode& inode,
-                                    file_stamp& stamp) const {
+  //! `layout` of the file `path`, inode `ino`.
+  std::vector<raw_extent> layout_at(const std::string& path, ext2_ino_t ino, file_stamp& stamp) const {
+    ext2_inode inode{};
+    read_regular(path, ino, inode);
     const std::uint64_t size = EXT2_I_SIZE(&inode);
     std::vector<raw_extent> raw;
     std::uint32_t common = 0; // flags every piece carries
@@ -207,10 +205,9 @@ private:
     return raw;
   }
 
-  //! `map` of the file `path` whose inode `ino` (read into `inode`) is a regular file.
-  extent_map map_at(const std::string& path, ext2_ino_t ino, ext2_inode& inode, const extent_map_options& opts,
-                    file_stamp& stamp) const {
-    std::vector<raw_extent> raw = layout_at(path, ino, inode, stamp);
+  //! `map` of the file `path`, inode `ino`.
+  extent_map map_at(const std::string& path, ext2_ino_t ino, const extent_map_options& opts, file_stamp& stamp) const {
+    std::vector<raw_extent> raw = layout_at(path, ino, stamp);
     block_device_info dev;
     dev.disk = image_;
     dev.disk_node = image_;
@@ -230,9 +227,7 @@ private:
   //! (and still the same file), each file looked up. It returns what changed
   //! ("" if nothing) and the changed file's path into its argument.
   file_set::change_check files_check(std::vector<std::pair<std::string, file_stamp>> files) const {
-    struct stat st {};
-    if (::stat(image_.c_str(), &st) != 0) throw_errno("stat " + image_);
-    return [image = image_, offset = offset_, lba = lba_size_, dev = st.st_dev, ino = st.st_ino,
+    return [image = image_, offset = offset_, lba = lba_size_, dev = image_dev_, ino = image_ino_,
             files = std::move(files)](std::string& changed) -> std::string {
       changed = image;
       struct stat now {};
@@ -255,9 +250,7 @@ private:
         if (inos[k] == 0) return "it is no longer a regular file there (no such file in the file system)";
         file_stamp s;
         try {
-          ext2_inode inode{};
-          again->read_regular(path, inos[k], inode);
-          (void)again->layout_at(path, inos[k], inode, s);
+          (void)again->layout_at(path, inos[k], s);
         } catch (const std::exception& e) {
           return std::string("it is no longer a regular file there (") + e.what() + ")";
         }
@@ -273,10 +266,15 @@ private:
 
   //! The inode number of the regular file `path`, its inode into `inode`.
   ext2_ino_t regular_file(const std::string& path, ext2_inode& inode) const {
+    const ext2_ino_t ino = lookup(path);
+    read_regular(path, ino, inode);
+    return ino;
+  }
+  //! The inode number of `path` (one lookup by name: it scans each directory on the way).
+  ext2_ino_t lookup(const std::string& path) const {
     ext2_ino_t ino = 0;
     if (const errcode_t e = ext2fs_namei(fs_, EXT2_ROOT_INO, EXT2_ROOT_INO, path.c_str(), &ino); e != 0)
       fail(where(path) + ": no such file in the file system", e, ENOENT);
-    read_regular(path, ino, inode);
     return ino;
   }
   //! Inode `ino` (the file `path`) into `inode`; it must be a regular file.
@@ -417,6 +415,8 @@ private:
   std::uint64_t offset_ = 0;
   std::uint32_t lba_size_ = 512;
   std::uint64_t image_bytes_ = 0;
+  dev_t image_dev_ = 0; //!< the image file this object read (its maps' checks compare with it)
+  ino_t image_ino_ = 0;
   ext2_filsys fs_ = nullptr;
 };
 
