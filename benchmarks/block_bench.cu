@@ -37,6 +37,7 @@
 // modes --io-size is the page size.
 #include "detail/bench_kernels.cuh"
 #include "detail/host_baselines.hpp"
+#include "detail/process_run.hpp"
 #include "detail/timing.cuh"
 
 #include <bam/bam.cuh>
@@ -44,9 +45,6 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include <spawn.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -63,8 +61,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-extern char** environ;
 
 namespace {
 
@@ -105,28 +101,7 @@ struct options {
   std::string child_device, child_out, child_group;
 };
 
-//! What the processes of a --processes run share (a memfd each maps): a
-//! barrier that fails, rather than hangs, when one of them failed, and
-//! one time per process.
-struct process_sync {
-  std::atomic<int> arrived;
-  std::atomic<int> generation;
-  std::atomic<int> failed;
-  double times[64];
-
-  void wait(int n) {
-    const int gen = generation.load();
-    if (arrived.fetch_add(1) + 1 == n) {
-      arrived.store(0);
-      generation.fetch_add(1);
-      return;
-    }
-    while (generation.load() == gen) {
-      if (failed.load() != 0) throw std::runtime_error("another process of the run failed");
-      ::usleep(20);
-    }
-  }
-};
+using bam::bench::process_sync;
 
 //! The salt of this process's offsets (--processes: each rank draws its own).
 std::uint64_t seed_salt = 0;
@@ -479,66 +454,34 @@ std::vector<std::string> program_args;
 run_result run_device_in_processes(const options& o, const std::string& dev, int n) {
   static int runs = 0;
   const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(runs++);
-  const int fd = ::memfd_create("block_bench-sync", 0); // inherited by the processes started below
-  if (fd < 0 || ::ftruncate(fd, sizeof(process_sync)) != 0) throw std::runtime_error("memfd for --processes");
-  void* mem = ::mmap(nullptr, sizeof(process_sync), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (mem == MAP_FAILED) throw std::runtime_error("mmap for --processes");
-  auto* ps = static_cast<process_sync*>(mem); // zeroes: a fresh barrier
-  struct cleanup {
-    void* mem;
-    int fd;
-    std::vector<std::string> outs;
-    ~cleanup() {
-      ::munmap(mem, sizeof(process_sync));
-      ::close(fd);
-      for (const auto& f : outs)
-        std::remove(f.c_str());
-    }
-  } own{mem, fd, {}};
+  bam::bench::process_run run;
+  std::vector<std::string> outs;
   const std::string group = o.node_cache && o.mode != "raw" && n > 1 ? "block_bench-" + tag : "-";
-  std::vector<pid_t> kids;
   for (int k = 1; k < n; ++k) {
-    own.outs.push_back(
-        (std::filesystem::temp_directory_path() / ("block_bench-" + tag + "-" + std::to_string(k) + ".json")).string());
+    outs.push_back(run.report_file("block_bench-" + tag + "-" + std::to_string(k) + ".json"));
     std::vector<std::string> args = program_args;
     for (const std::string& x :
          {std::string("--child-rank"), std::to_string(k), std::string("--child-of"), std::to_string(n),
-          std::string("--child-sync-fd"), std::to_string(fd), std::string("--child-device"), dev,
-          std::string("--child-out"), own.outs.back(), std::string("--child-group"), group})
+          std::string("--child-sync-fd"), std::to_string(run.fd()), std::string("--child-device"), dev,
+          std::string("--child-out"), outs.back(), std::string("--child-group"), group})
       args.push_back(x);
-    std::vector<char*> argv;
-    for (auto& x : args)
-      argv.push_back(x.data());
-    argv.push_back(nullptr);
-    pid_t pid = 0;
-    if (::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ) != 0) {
-      ps->failed.store(1);
-      for (const pid_t p : kids)
-        ::waitpid(p, nullptr, 0);
-      throw std::runtime_error("--processes: could not start process " + std::to_string(k));
-    }
-    kids.push_back(pid);
+    run.start(std::move(args));
   }
-  const gpu_group g{nullptr, nullptr, 0, n, nullptr, ps, group == "-" ? "" : group};
+  const gpu_group g{nullptr, nullptr, 0, n, nullptr, &run.sync(), group == "-" ? "" : group};
   std::vector<run_result> per(static_cast<std::size_t>(n));
   std::exception_ptr failed;
   try {
     BAM_CUDA_TRY(cudaSetDevice(0));
     per[0] = run_device(o, dev, &g);
   } catch (...) {
-    ps->failed.store(1);
+    run.fail();
     failed = std::current_exception();
   }
-  bool all_ok = true;
-  for (const pid_t p : kids) {
-    int st = 0;
-    ::waitpid(p, &st, 0);
-    all_ok = all_ok && WIFEXITED(st) && WEXITSTATUS(st) == 0;
-  }
+  const bool all_ok = run.wait_all();
   if (failed) std::rethrow_exception(failed);
   if (!all_ok) throw std::runtime_error("--processes: a process of the run failed (its message is above)");
   for (int k = 1; k < n; ++k) {
-    std::ifstream f(own.outs[static_cast<std::size_t>(k - 1)]);
+    std::ifstream f(outs[static_cast<std::size_t>(k - 1)]);
     per[static_cast<std::size_t>(k)].j = nlohmann::json::parse(f);
   }
   return combine(per, n, "one process per GPU");
@@ -546,9 +489,8 @@ run_result run_device_in_processes(const options& o, const std::string& dev, int
 
 //! A process started by --processes: its GPU's share of the run.
 int run_child(const options& o) {
-  void* mem = ::mmap(nullptr, sizeof(process_sync), PROT_READ | PROT_WRITE, MAP_SHARED, o.child_sync_fd, 0);
-  if (mem == MAP_FAILED) return 2;
-  auto* ps = static_cast<process_sync*>(mem);
+  process_sync* const ps = bam::bench::attach_process_sync(o.child_sync_fd);
+  if (ps == nullptr) return 2;
   seed_salt = 0x5851f42d4c957f2dull * static_cast<std::uint64_t>(o.child_rank);
   const gpu_group g{nullptr, nullptr, o.child_rank, o.child_of, nullptr, ps, o.child_group == "-" ? "" : o.child_group};
   try {

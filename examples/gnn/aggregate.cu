@@ -20,6 +20,8 @@
 // `--gpus N` runs this on GPUs 0 .. N-1 at once, a host thread each over a
 // storage of its own on one shared medium, with a cache per GPU or one cache
 // spread over the GPUs (--node-cache); GPU g runs the batches g, g + N, ...
+// With --processes each GPU has a process of its own (the first starts the
+// others), and --node-cache is one cache shared by the processes.
 //
 // Where the features live is gnn_feature_store.cuh's; the report, and the
 // same gathers by other paths (--compare), benchmarks/gnn's.
@@ -30,6 +32,7 @@
 #include "gnn_sampling.cuh"
 
 #include "../../benchmarks/gnn/aggregate_bench.cuh"
+#include "../../benchmarks/detail/process_run.hpp"
 #include "../../benchmarks/gnn/aggregate_report.hpp"
 
 #include <bam/bam.cuh>
@@ -41,6 +44,7 @@
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -50,6 +54,14 @@
 #include <vector>
 
 namespace bam::gnn {
+
+//! aggregate_figures as JSON: how a process of a --processes run hands its
+//! figures to the first.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(aggregate_figures, device, transport, placement, in_process, load_seconds,
+                                   cache_bytes, fanouts, seconds, sampling_seconds, gathering_seconds,
+                                   aggregation_seconds, first_batch_seconds, rows, hop_nodes, page_visits, pages_loaded,
+                                   held_pages, hot_set, hot_rows, hot_bytes, hot_fill_seconds, hot_row_visits,
+                                   verified_rows, verified_batches)
 
 namespace {
 
@@ -353,19 +365,26 @@ template <class T>
 class gpu_run {
 public:
   //! `shared`: the cache spread over every GPU of the run (null: a cache
-  //! of this GPU alone). GPU `gpu` of `gpus` runs the batches gpu, gpu +
-  //! gpus, ... of the sampler.
+  //! of this GPU alone, or with a `group` name this process's part of the
+  //! cache of the run's processes). GPU `gpu` of `gpus` runs the batches
+  //! gpu, gpu + gpus, ... of the sampler.
   gpu_run(const aggregate_options& o, const manifest& m, const host_csr& graph, const table_source& src,
-          feature_location where, page_cache* shared, int gpu, int gpus)
+          feature_location where, page_cache* shared, int gpu, int gpus, const std::string& group = {})
       : o_(o), m_(m), graph_(graph), src_(src), where_(std::move(where)), gpu_(gpu), gpus_(gpus),
         fanouts_(parse_fanouts(o.fanouts)), csr_(upload_csr(graph.indptr, graph.indices)), s_(where_.spec) {
     if (gpu != 0) o_.progress_every = 0; // the first GPU's progress stands for the run's
     // The array is attached before the medium is filled: a table that does
     // not fit the storage is refused there.
     locate_feature_table(where_, s_, o, m, src);
-    if (shared == nullptr)
-      own_cache_.emplace(
-          page_cache_config{.page_size = o.page_size, .capacity = static_cast<std::size_t>(o.cache_mib) << 20});
+    if (shared == nullptr) {
+      page_cache_config cfg{.page_size = o.page_size, .capacity = static_cast<std::size_t>(o.cache_mib) << 20};
+      if (!group.empty()) { // the group's cache: --cache-mib on each process's GPU
+        cfg.capacity *= static_cast<std::size_t>(gpus);
+        cfg.device = gpu;
+        cfg.group = {.name = group, .rank = gpu, .size = gpus};
+      }
+      own_cache_.emplace(cfg);
+    }
     cache_ = shared != nullptr ? shared : &*own_cache_;
     feats_.emplace(*cache_, s_, m.nodes * m.features.dim, where_.start_lba);
   }
@@ -453,9 +472,11 @@ void print_header(const aggregate_options& o, const manifest& m, const feature_l
               static_cast<unsigned long long>(o.batches), static_cast<unsigned long long>(o.batch_size),
               o.gpus > 1 ? " on each GPU" : "", o.fanouts.c_str(), static_cast<unsigned long long>(o.cache_mib),
               o.page_size,
-              o.gpus < 2     ? ""
-              : o.node_cache ? " on each GPU, one cache spread over the GPUs"
-                             : " on each GPU, a cache per GPU",
+              o.gpus < 2                    ? ""
+              : o.node_cache && o.processes ? " on each GPU, one cache shared by the processes, one GPU each"
+              : o.node_cache                ? " on each GPU, one cache spread over the GPUs"
+              : o.processes                 ? " on each GPU, a cache per process, one GPU each"
+                                            : " on each GPU, a cache per GPU",
               o.in_flight, o.lookahead ? ", look-ahead holds" : "");
   std::fflush(stdout);
 }
@@ -573,6 +594,129 @@ int run_on_gpus(const aggregate_options& o, const manifest& m) {
   return 0;
 }
 
+//! GPU `rank`'s share of a run of one process per GPU (--processes), in
+//! the process of that rank. The processes meet at `ps` once the first has
+//! filled the medium, once every one's batches are ready, and before any
+//! lets go of the cache (`group`: the name of the cache they share; empty:
+//! a cache each). Null when a gathered row or the sampling was wrong (said
+//! on stderr); the others' next meeting then fails instead of waiting.
+template <class T>
+std::optional<aggregate_figures> run_process(const aggregate_options& o, const manifest& m,
+                                             const feature_location& where, int rank, bench::process_sync& ps,
+                                             const std::string& group) {
+  const int n = static_cast<int>(o.gpus);
+  const std::filesystem::path dir(o.dir);
+  thread_pool pool(detail::thread_count(o.host_threads));
+  const host_csr graph = read_csr(dir, m);
+  const table_source src(dir, m);
+  BAM_CUDA_TRY(cudaSetDevice(rank));
+  gpu_run<T> r(o, m, graph, src, where, nullptr, rank, n, group);
+  if (rank == 0 || !where.in_process) r.fill_or_check(pool);
+  ps.wait(n);
+  r.prepare();
+  if (rank == 0) print_header(o, m, r.where());
+  ps.wait(n);
+  if (!r.run()) {
+    ps.failed.store(1);
+    return std::nullopt;
+  }
+  aggregate_figures f = r.figures();
+  ps.wait(n); // no process detaches its array from the shared cache while another reads
+  return f;
+}
+
+//! The run on GPUs 0 .. o.gpus-1, one process each: this one (GPU 0) starts
+//! the others as copies of itself, every process opens the one shared
+//! medium, and with --node-cache they share one cache
+//! (page_cache_config::group); else each has a cache of its own. The first
+//! collects the others' figures and reports.
+template <class T>
+int run_in_processes(const aggregate_options& o, const manifest& m) {
+  const int n = static_cast<int>(o.gpus);
+  const table_source src(o.dir, m);
+  const feature_location where = choose_feature_device(o, m, src);
+  const std::string tag = "bam-gnn-" + std::to_string(::getpid());
+  const std::string group = o.node_cache ? tag : "";
+  std::vector<gpu_description> gpus;
+  for (int g = 0; g < n; ++g)
+    gpus.push_back(describe_gpu(g));
+  bench::process_run run;
+  std::vector<std::string> outs;
+  for (int k = 1; k < n; ++k) {
+    outs.push_back(run.report_file(tag + "-" + std::to_string(k) + ".json"));
+    std::vector<std::string> args = o.command;
+    for (const std::string& x :
+         {std::string("--process-rank"), std::to_string(k), std::string("--process-sync-fd"), std::to_string(run.fd()),
+          std::string("--process-device"), where.device, std::string("--process-group"),
+          group.empty() ? std::string("-") : group, std::string("--process-out"), outs.back()})
+      args.push_back(x);
+    run.start(std::move(args));
+  }
+  std::optional<aggregate_figures> mine;
+  std::exception_ptr failed;
+  try {
+    mine = run_process<T>(o, m, where, 0, run.sync(), group);
+  } catch (...) {
+    run.fail();
+    failed = std::current_exception();
+  }
+  const bool all_ok = run.wait_all();
+  if (failed) std::rethrow_exception(failed);
+  if (!mine) return 1;
+  if (!all_ok) {
+    std::fprintf(stderr, "bam-gnn aggregate: a process of the run failed (its message is above)\n");
+    return 1;
+  }
+  std::vector<aggregate_figures> per{*mine};
+  for (const std::string& out : outs) {
+    std::ifstream f(out);
+    per.push_back(nlohmann::json::parse(f).get<aggregate_figures>());
+  }
+  const std::uint64_t cache_bytes = o.node_cache ? per[0].cache_bytes : per[0].cache_bytes * o.gpus;
+  report_gpus({.options = o,
+               .m = m,
+               .per_gpu = per,
+               .all = combine_gpu_figures(per, cache_bytes),
+               .cache_layout = o.node_cache ? "one cache shared by the processes, one GPU each"
+                                            : "a cache per process, one GPU each",
+               .gpus = gpus});
+  return 0;
+}
+
+//! A process that --processes started: its GPU's share of the run, its
+//! figures written where the first process reads them.
+template <class T>
+int run_started_process(const aggregate_options& o, const manifest& m) {
+  bench::process_sync* const ps = bench::attach_process_sync(o.child.sync_fd);
+  if (ps == nullptr) {
+    std::fprintf(stderr, "bam-gnn aggregate: process %d: cannot map the run's barrier\n", o.child.rank);
+    return 2;
+  }
+  aggregate_options mine = o;
+  mine.device = o.child.device; // the medium the first process chose
+  try {
+    const table_source src(o.dir, m);
+    const feature_location where = choose_feature_device(mine, m, src);
+    const std::optional<aggregate_figures> f =
+        run_process<T>(mine, m, where, o.child.rank, *ps, o.child.group == "-" ? "" : o.child.group);
+    if (!f) return 1;
+    std::ofstream out(o.child.out);
+    out << nlohmann::json(*f).dump() << "\n";
+    return out ? 0 : 1;
+  } catch (const std::exception& e) {
+    ps->failed.store(1);
+    std::fprintf(stderr, "bam-gnn aggregate: process %d: %s\n", o.child.rank, e.what());
+    return 1;
+  }
+}
+
+template <class T>
+int run_multi(const aggregate_options& o, const manifest& m) {
+  if (o.child.rank > 0) return run_started_process<T>(o, m);
+  if (o.processes) return run_in_processes<T>(o, m);
+  return run_on_gpus<T>(o, m);
+}
+
 } // namespace
 
 int run_aggregate(const aggregate_options& o) {
@@ -588,6 +732,7 @@ int run_aggregate(const aggregate_options& o) {
   if (m.nodes > 0xffffffffull) detail::gnn_fail("more than 2^32 - 1 nodes: positions are 32-bit");
   if (o.node_cache && o.gpus < 2)
     detail::gnn_fail("--node-cache spreads one cache over several GPUs: give --gpus 2 or more");
+  if (o.processes && o.gpus < 2) detail::gnn_fail("--processes runs one process per GPU: give --gpus 2 or more");
   if (o.gpus > 1 && o.compare)
     detail::gnn_fail("--compare gathers the batches again by other paths on one GPU: run it without --gpus");
   if (o.gpus > 1 && o.hot_percent > 0)
@@ -605,8 +750,8 @@ int run_aggregate(const aggregate_options& o) {
     detail::gnn_fail("--gpus " + std::to_string(o.gpus) + ": " + std::to_string(gpus) + " GPU(s) are visible here",
                      ENODEV);
   if (o.gpus > 1) {
-    if (m.features.dtype == "float16") return run_on_gpus<std::uint16_t>(o, m);
-    return run_on_gpus<float>(o, m);
+    if (m.features.dtype == "float16") return run_multi<std::uint16_t>(o, m);
+    return run_multi<float>(o, m);
   }
   if (m.features.dtype == "float16") return run_typed<std::uint16_t>(o, m);
   return run_typed<float>(o, m);

@@ -14,13 +14,14 @@
 //   bam-gnn info DIR                        sizes and the degree distribution
 //   bam-gnn aggregate DIR [--device DEV] [--fanouts 15,10,5] [--batch-size 1024] [--batches 100]
 //           [--cache-mib 1024] [--page-size 4096] [--seed 1] [--compare] [--json FILE]
-//           [--hot-percent P] [--in-flight 2] [--no-lookahead] [--gpus N [--node-cache]]
+//           [--hot-percent P] [--in-flight 2] [--no-lookahead] [--gpus N [--node-cache] [--processes]]
 //       GraphSAGE mini-batches on the GPU: neighbour sampling over the CSR,
 //       the feature rows through bam's page cache, a mean aggregation per
 //       layer; --compare adds the same gathers by CPU threads, GPU zero-copy,
 //       mmap and from GPU memory (needs a CUDA build and a GPU); --gpus N
 //       runs on N GPUs at once over one copy of the features, with a cache
-//       per GPU or (--node-cache) one cache spread over them
+//       per GPU or (--node-cache) one cache spread over them, from one
+//       process or (--processes) one process per GPU
 //
 // Every subcommand takes --json. Sizes take K, M, G suffixes (decimal for
 // counts: --nodes 50M is 50,000,000 nodes; binary for bytes: --offset 1G).
@@ -275,6 +276,17 @@ int main(int argc, char** argv) {
   aggregate->add_flag("--node-cache", ao.node_cache,
                       "with --gpus N (N >= 2): one page cache spread over the N GPUs' memory (--cache-mib on each; "
                       "one copy of a page, read by any GPU over NVLink) instead of a cache per GPU");
+  aggregate->add_flag("--processes", ao.processes,
+                      "with --gpus N (N >= 2): one process per GPU (this one starts the others) instead of a host "
+                      "thread each; with --node-cache the processes share one page cache "
+                      "(page_cache_config::group), as the processes of a torchrun job do");
+  // A process that --processes started: its rank, the run's barrier, the
+  // medium, the cache group and where it writes its figures.
+  aggregate->add_option("--process-rank", ao.child.rank)->group("");
+  aggregate->add_option("--process-sync-fd", ao.child.sync_fd)->group("");
+  aggregate->add_option("--process-device", ao.child.device)->group("");
+  aggregate->add_option("--process-group", ao.child.group)->group("");
+  aggregate->add_option("--process-out", ao.child.out)->group("");
   aggregate->add_flag("--lookahead,!--no-lookahead", ao.lookahead,
                       "hold the pages of each batch's rows that are in the cache from its sampling until its "
                       "gather, so that the misses of the batches before it and its own cannot evict them "
@@ -377,6 +389,7 @@ int main(int argc, char** argv) {
       ao.json_stdout = co.json;
       ao.quiet = co.quiet;
       if (ao.host_threads == 0) ao.host_threads = co.threads;
+      ao.command.assign(argv, argv + argc);
 #if defined(BAM_GNN_WITH_CUDA)
       return bam::gnn::run_aggregate(ao);
 #else

@@ -393,6 +393,15 @@ struct aggregate_options {
   bool lookahead = true;   //!< hold the cached pages of a batch's rows from its sampling to its gather (bam::row_holds)
   unsigned gpus = 1;       //!< GPUs 0 .. gpus-1, a host thread each, each running `batches` batches
   bool node_cache = false; //!< with gpus > 1: one page cache spread over the GPUs (else a cache per GPU)
+  bool processes = false;  //!< with gpus > 1: one process per GPU (this one and gpus - 1 it starts) instead of threads
+  std::vector<std::string> command; //!< this program's command line (--processes starts it again)
+  //! A process that --processes started (rank >= 1): its GPU, the run's
+  //! shared barrier, the medium and cache group to join, where it reports.
+  struct process_role {
+    int rank = 0;
+    int sync_fd = -1;
+    std::string device, group, out;
+  } child;
 };
 
 //! First row of `got` that differs from `want` (`rows` rows of `row_bytes`),

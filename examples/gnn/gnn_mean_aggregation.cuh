@@ -57,7 +57,8 @@ __device__ inline float as_float(float v) { return v; }
 __device__ inline float as_float(std::uint16_t v) { return __half2float(__ushort_as_half(v)); }
 
 //! One warp per node of hop l: out = (own + mean of sampled neighbours) / 2,
-//! over the representations `in` of hop l + 1's nodes.
+//! over the representations `in` of hop l + 1's nodes. Any dim and fanout;
+//! a lane reads one column of a row at a time.
 template <class In>
 __global__ void mean_kernel(const In* in, std::uint32_t dim, std::uint64_t count, std::uint32_t fanout,
                             const std::uint32_t* self_pos, const std::uint32_t* sample_pos, float* out,
@@ -84,6 +85,85 @@ __global__ void mean_kernel(const In* in, std::uint32_t dim, std::uint64_t count
       out[i * dim + c] = 0.5f * (as_float(in[std::uint64_t{self} * dim + c]) + sum * inv);
     }
   }
+}
+
+//! Four consecutive columns of a row as floats: one 16-byte load of float
+//! rows, one 8-byte load of float16 rows.
+__device__ inline float4 load_quad(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ inline float4 load_quad(const std::uint16_t* p) {
+  const uint2 r = *reinterpret_cast<const uint2*>(p);
+  const float2 lo = __half22float2(*reinterpret_cast<const __half2*>(&r.x));
+  const float2 hi = __half22float2(*reinterpret_cast<const __half2*>(&r.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+__device__ inline void add_quad(float4& a, const float4& b) {
+  a.x += b.x;
+  a.y += b.y;
+  a.z += b.z;
+  a.w += b.w;
+}
+
+//! mean_kernel for rows of a multiple of 4 columns and fanouts up to 32 (the
+//! usual case): the warp first lists the node's sampled neighbours that are
+//! in the next hop's set, then each lane reads four columns at a time from
+//! four neighbours at once, so that a warp has several rows' loads in flight.
+template <class In>
+__global__ void mean_kernel_quads(const In* in, std::uint32_t dim, std::uint64_t count, std::uint32_t fanout,
+                                  const std::uint32_t* self_pos, const std::uint32_t* sample_pos, float* out,
+                                  unsigned long long* missing) {
+  __shared__ std::uint32_t listed[block_threads / 32][32];
+  const std::uint64_t warp = (blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x) / 32;
+  const std::uint64_t warps = static_cast<std::uint64_t>(gridDim.x) * blockDim.x / 32;
+  const unsigned lane = threadIdx.x % 32;
+  std::uint32_t* const pos = listed[threadIdx.x / 32];
+  const std::uint32_t quads = dim / 4;
+  for (std::uint64_t i = warp; i < count; i += warps) {
+    const std::uint32_t self = self_pos[i];
+    if (self == no_pos) {
+      if (lane == 0) atomicAdd(missing, 1ull); // a node missing from the next hop's set: a sampling bug
+      continue;
+    }
+    const std::uint32_t mine = lane < fanout ? sample_pos[i * fanout + lane] : no_pos;
+    const unsigned present = __ballot_sync(~0u, mine != no_pos);
+    const unsigned n = static_cast<unsigned>(__popc(present));
+    if (mine != no_pos) pos[__popc(present & ((1u << lane) - 1))] = mine;
+    __syncwarp();
+    const float inv = n ? 1.0f / static_cast<float>(n) : 0.0f;
+    const In* const own = in + std::uint64_t{self} * dim;
+    for (std::uint32_t q = lane; q < quads; q += 32) {
+      float4 sum = make_float4(0, 0, 0, 0);
+      unsigned k = 0;
+      for (; k + 4 <= n; k += 4) {
+        const float4 a = load_quad(in + std::uint64_t{pos[k]} * dim + 4 * q);
+        const float4 b = load_quad(in + std::uint64_t{pos[k + 1]} * dim + 4 * q);
+        const float4 c = load_quad(in + std::uint64_t{pos[k + 2]} * dim + 4 * q);
+        const float4 d = load_quad(in + std::uint64_t{pos[k + 3]} * dim + 4 * q);
+        add_quad(sum, make_float4((a.x + b.x) + (c.x + d.x), (a.y + b.y) + (c.y + d.y), (a.z + b.z) + (c.z + d.z),
+                                  (a.w + b.w) + (c.w + d.w)));
+      }
+      for (; k < n; ++k)
+        add_quad(sum, load_quad(in + std::uint64_t{pos[k]} * dim + 4 * q));
+      const float4 o = load_quad(own + 4 * q);
+      *reinterpret_cast<float4*>(out + i * dim + 4 * q) =
+          make_float4(0.5f * (o.x + sum.x * inv), 0.5f * (o.y + sum.y * inv), 0.5f * (o.z + sum.z * inv),
+                      0.5f * (o.w + sum.w * inv));
+    }
+    __syncwarp(); // the list is rewritten for the warp's next node
+  }
+}
+
+//! One hop's mean over `in`: the kernel for quads where the rows allow it.
+template <class In>
+void launch_mean(const In* in, std::uint32_t dim, std::uint64_t count, std::uint32_t fanout,
+                 const std::uint32_t* self_pos, const std::uint32_t* sample_pos, float* out,
+                 unsigned long long* missing, cudaStream_t stream) {
+  const unsigned grid = grid_for(count * 32); // one warp a node
+  if (dim % 4 == 0 && fanout <= 32)
+    mean_kernel_quads<In>
+        <<<grid, block_threads, 0, stream>>>(in, dim, count, fanout, self_pos, sample_pos, out, missing);
+  else
+    mean_kernel<In><<<grid, block_threads, 0, stream>>>(in, dim, count, fanout, self_pos, sample_pos, out, missing);
+  BAM_CUDA_TRY(cudaGetLastError());
 }
 
 //! The aggregation's buffers for one mini-batch in flight, hop by hop.
@@ -118,17 +198,14 @@ void mean_aggregate(const sampled_batch& b, const T* rows, const std::vector<std
                                                                 fanouts[l], b.nodes[l + 1].get(), b.count[l + 1],
                                                                 m.self_pos[l].get(), m.sample_pos[l].get());
     BAM_CUDA_TRY(cudaGetLastError());
-    // One warp a node. The last hop reads the gathered rows (float or
-    // float16); the hops inside it the float representations just made.
-    const unsigned grid = grid_for(b.count[l] * 32);
+    // The last hop reads the gathered rows (float or float16); the hops
+    // inside it the float representations just made.
     if (l + 1 == hops)
-      mean_kernel<T><<<grid, block_threads, 0, stream>>>(rows, dim, b.count[l], fanouts[l], m.self_pos[l].get(),
-                                                         m.sample_pos[l].get(), m.h[l].get(), missing);
+      launch_mean<T>(rows, dim, b.count[l], fanouts[l], m.self_pos[l].get(), m.sample_pos[l].get(), m.h[l].get(),
+                     missing, stream);
     else
-      mean_kernel<float><<<grid, block_threads, 0, stream>>>(m.h[l + 1].get(), dim, b.count[l], fanouts[l],
-                                                             m.self_pos[l].get(), m.sample_pos[l].get(), m.h[l].get(),
-                                                             missing);
-    BAM_CUDA_TRY(cudaGetLastError());
+      launch_mean<float>(m.h[l + 1].get(), dim, b.count[l], fanouts[l], m.self_pos[l].get(), m.sample_pos[l].get(),
+                         m.h[l].get(), missing, stream);
   }
 }
 

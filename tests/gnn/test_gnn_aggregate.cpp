@@ -213,6 +213,7 @@ TEST_CASE("bam-gnn aggregate on several GPUs refuses what one GPU alone can do, 
   small_dataset(t.path, 2000, 8);
   std::vector<refusal> cases = {
       {" --node-cache", true, "--node-cache spreads one cache over several GPUs: give --gpus 2 or more"},
+      {" --processes", true, "--processes runs one process per GPU: give --gpus 2 or more"},
       {" --gpus 2 --compare", true, "--compare"},
       {" --gpus 2 --hot-percent 5", true, "--hot-percent"},
       {" --gpus 0", false, "--gpus"},

@@ -1,0 +1,134 @@
+// SPDX-License-Identifier: MIT
+// One process per GPU for the benchmarks' --processes runs (block_bench,
+// bam-gnn aggregate): the first process starts the others as copies of
+// itself (its command line plus options of their own). They share one page
+// (a memfd the others inherit): a barrier that fails, rather than hangs,
+// when one of them failed, and one number per process.
+#pragma once
+
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
+namespace bam::bench {
+
+//! What the processes of a run share.
+struct process_sync {
+  static constexpr int max_processes = 64;
+  std::atomic<int> arrived;
+  std::atomic<int> generation;
+  std::atomic<int> failed;
+  double times[max_processes]; //!< one number per process (e.g. its time, for the slowest)
+
+  //! Returns once `n` processes arrived; throws when one of them failed.
+  void wait(int n) {
+    const int gen = generation.load();
+    if (arrived.fetch_add(1) + 1 == n) {
+      arrived.store(0);
+      generation.fetch_add(1);
+      return;
+    }
+    while (generation.load() == gen) {
+      if (failed.load() != 0) throw std::runtime_error("another process of the run failed");
+      ::usleep(20);
+    }
+  }
+};
+
+//! The first process's side: the shared page and the processes it started.
+//! The destructor marks the run failed if it ends by an exception, and
+//! waits for every process it started.
+class process_run {
+public:
+  process_run() {
+    fd_ = ::memfd_create("bam-process-run", 0); // no close-on-exec: the processes started inherit it
+    if (fd_ < 0 || ::ftruncate(fd_, sizeof(process_sync)) != 0) {
+      if (fd_ >= 0) ::close(fd_);
+      throw std::runtime_error("--processes: no memfd for the processes' barrier");
+    }
+    void* mem = ::mmap(nullptr, sizeof(process_sync), PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (mem == MAP_FAILED) {
+      ::close(fd_);
+      throw std::runtime_error("--processes: cannot map the processes' barrier");
+    }
+    sync_ = static_cast<process_sync*>(mem); // zeroes: a fresh barrier
+  }
+  process_run(const process_run&) = delete;
+  process_run& operator=(const process_run&) = delete;
+  ~process_run() {
+    if (!kids_.empty()) {
+      sync_->failed.store(1); // still running: the run did not get to wait_all
+      (void)wait_all();
+    }
+    ::munmap(sync_, sizeof(process_sync));
+    ::close(fd_);
+    for (const auto& f : files_)
+      std::remove(f.c_str());
+  }
+
+  process_sync& sync() { return *sync_; }
+  //! The descriptor a started process passes to attach_process_sync.
+  int fd() const { return fd_; }
+  //! A file in the temporary directory, named from `name`, where a started
+  //! process writes what it reports; removed with the run.
+  std::string report_file(const std::string& name) {
+    files_.push_back((std::filesystem::temp_directory_path() / name).string());
+    return files_.back();
+  }
+  //! Marks the run failed: the others' next wait throws.
+  void fail() { sync_->failed.store(1); }
+
+  //! Starts this program again with `args` (argv[0] first). Throws, after
+  //! marking the run failed, when it cannot.
+  void start(std::vector<std::string> args) {
+    std::vector<char*> argv;
+    for (auto& a : args)
+      argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    if (::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ) != 0) {
+      fail();
+      throw std::runtime_error("--processes: could not start process " + std::to_string(kids_.size() + 1));
+    }
+    kids_.push_back(pid);
+  }
+
+  //! Waits for every process started; true when each exited with status 0.
+  bool wait_all() {
+    bool ok = true;
+    for (const pid_t p : kids_) {
+      int st = 0;
+      while (::waitpid(p, &st, 0) < 0 && errno == EINTR) {
+      }
+      ok = ok && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    }
+    kids_.clear();
+    return ok;
+  }
+
+private:
+  int fd_ = -1;
+  process_sync* sync_ = nullptr;
+  std::vector<pid_t> kids_;
+  std::vector<std::string> files_;
+};
+
+//! A started process's side: the run's shared page, from the descriptor it
+//! inherited. Null when it cannot be mapped.
+inline process_sync* attach_process_sync(int fd) {
+  void* mem = ::mmap(nullptr, sizeof(process_sync), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  return mem == MAP_FAILED ? nullptr : static_cast<process_sync*>(mem);
+}
+
+} // namespace bam::bench
