@@ -140,19 +140,39 @@ struct graph_view {
   }
 };
 
-//! A warp per node of list[0, count) (grid-stride): f(v, begin, end) with the
-//! whole warp, then the pages it reported counted.
+//! f(i) for the items i of [0, count) this warp takes, the whole warp on
+//! each. Through the cache a warp takes a run of consecutive items (the
+//! lists are in node order): the warps running at once then read different
+//! pages and have as many misses in flight, instead of waiting together on
+//! the same few pages, as consecutive items dealt to consecutive warps
+//! would. Elsewhere the items are dealt out with a grid stride.
+template <bool Runs, class F>
+BAM_DEVICE void for_warp_items(std::uint64_t count, F&& f) {
+  const std::uint64_t warps = std::uint64_t{gridDim.x} * blockDim.x / 32;
+  const std::uint64_t w = (std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
+  if constexpr (Runs) {
+    const std::uint64_t run = (count + warps - 1) / warps;
+    const std::uint64_t end = (w + 1) * run < count ? (w + 1) * run : count;
+    for (std::uint64_t i = w * run; i < end; ++i)
+      f(i);
+  } else {
+    for (std::uint64_t i = w; i < count; i += warps)
+      f(i);
+  }
+}
+
+//! A warp per node of list[0, count): f(v, begin, end) with the whole warp,
+//! then the pages it reported counted.
 template <class V, class F>
 BAM_DEVICE void warp_per_listed_node(const V& g, const std::uint32_t* list, std::uint64_t count, F&& f) {
   std::uint64_t seen = 0;
-  const std::uint64_t warps = std::uint64_t{gridDim.x} * blockDim.x / 32;
-  for (std::uint64_t w = (std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32; w < count; w += warps) {
-    const std::uint32_t v = list[w];
+  for_warp_items<decltype(g.edg)::through_cache>(count, [&](std::uint64_t i) {
+    const std::uint32_t v = list[i];
     std::uint64_t b, e;
     g.warp_row(v, b, e, seen);
     const std::uint64_t pages = f(v, b, e);
     if (lane_of_thread() == 0) seen += pages;
-  }
+  });
   g.count(seen);
 }
 
@@ -284,18 +304,24 @@ __global__ inline void cc_compress(std::uint32_t* comp, std::uint64_t n) {
       comp[v] = load_label(comp + comp[v]);
 }
 
-//! Each node hooked to its neighbour number `r` (a thread per node).
+//! Each node hooked to its first `afforest_rounds` neighbours (a thread per
+//! node). The rounds run in one pass: a node's first neighbours share a
+//! page, read once through the cache instead of once per round.
 template <class V>
-__global__ void cc_sample_round(V g, std::uint32_t* comp, unsigned r) {
+__global__ void cc_sample(V g, std::uint32_t* comp) {
   std::uint64_t seen = 0;
   for (std::uint64_t v = std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; v < g.nodes;
        v += std::uint64_t{gridDim.x} * blockDim.x) {
     std::uint64_t b, e;
     g.row(v, b, e, seen);
-    if (b + r < e) {
-      link(static_cast<std::uint32_t>(v), g.edg.get(b + r), comp);
+    std::uint32_t first[afforest_rounds];
+    unsigned k = 0;
+    for (unsigned r = 0; r < afforest_rounds && b + r < e; ++r) {
+      first[k++] = g.edg.get(b + r);
       if constexpr (decltype(g.edg)::through_cache) ++seen;
     }
+    for (unsigned r = 0; r < k; ++r)
+      link(static_cast<std::uint32_t>(v), first[r], comp);
   }
   g.count(seen);
 }
@@ -344,10 +370,8 @@ void cc_gpu(V g, work_buffers& w, cudaStream_t s) {
   const unsigned grid = gnn::grid_for(g.nodes);
   std::uint32_t* comp = w.a.get();
   cc_init<<<grid, gnn::block_threads, 0, s>>>(comp, g.nodes);
-  for (unsigned r = 0; r < afforest_rounds; ++r) {
-    cc_sample_round<<<grid, gnn::block_threads, 0, s>>>(g, comp, r);
-    cc_compress<<<grid, gnn::block_threads, 0, s>>>(comp, g.nodes);
-  }
+  cc_sample<<<grid, gnn::block_threads, 0, s>>>(g, comp);
+  cc_compress<<<grid, gnn::block_threads, 0, s>>>(comp, g.nodes);
   BAM_CUDA_TRY(cudaGetLastError());
   if (g.nodes > 2 * 1024) { // a w.b of 2048 entries for the sample
     const std::uint32_t giant = sampled_giant(comp, g.nodes, w, s);
@@ -393,8 +417,7 @@ __global__ void pagerank_pull(V g, const float* contrib, const float* rank, floa
   double change = 0;
   const double n = static_cast<double>(g.nodes);
   const double base = (1 - damping) / n + damping * sums[0] / n;
-  const std::uint64_t warps = std::uint64_t{gridDim.x} * blockDim.x / 32;
-  for (std::uint64_t v = (std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32; v < g.nodes; v += warps) {
+  for_warp_items<decltype(g.edg)::through_cache>(g.nodes, [&](std::uint64_t v) {
     std::uint64_t b, e;
     g.warp_row(v, b, e, seen);
     double sum = 0;
@@ -407,7 +430,7 @@ __global__ void pagerank_pull(V g, const float* contrib, const float* rank, floa
       next[v] = r;
       change += fabs(static_cast<double>(r) - rank[v]);
     }
-  }
+  });
   if (lane_of_thread() == 0 && change != 0) atomicAdd(sums + 1, change);
   g.count(seen);
 }
