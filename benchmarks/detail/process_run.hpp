@@ -3,7 +3,8 @@
 // bam-gnn aggregate): the first process starts the others as copies of
 // itself (its command line plus options of their own). They share one page
 // (a memfd the others inherit): a barrier that fails, rather than hangs,
-// when one of them failed, and one number per process.
+// when one of them failed or ended without reaching it, and one number per
+// process.
 #pragma once
 
 #include <spawn.h>
@@ -15,6 +16,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -23,15 +26,29 @@ extern char** environ;
 
 namespace bam::bench {
 
+//! Whether process `pid` still runs: not gone, not a zombie (ended, not yet
+//! reaped by its parent).
+inline bool process_running(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  if (!f) return false;
+  const std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const std::size_t name_end = stat.rfind(')'); // "pid (name) S ...": the name may hold anything
+  if (name_end == std::string::npos || name_end + 2 >= stat.size()) return true;
+  const char state = stat[name_end + 2];
+  return state != 'Z' && state != 'X';
+}
+
 //! What the processes of a run share.
 struct process_sync {
   static constexpr int max_processes = 64;
   std::atomic<int> arrived;
   std::atomic<int> generation;
   std::atomic<int> failed;
-  double times[max_processes]; //!< one number per process (e.g. its time, for the slowest)
+  std::atomic<int> pids[max_processes]; //!< the run's processes by rank (0: none)
+  double times[max_processes];          //!< one number per process (e.g. its time, for the slowest)
 
-  //! Returns once `n` processes arrived; throws when one of them failed.
+  //! Returns once `n` processes arrived. Throws when one of them failed, or
+  //! ended (killed, crashed) without arriving: it would never arrive.
   void wait(int n) {
     const int gen = generation.load();
     if (arrived.fetch_add(1) + 1 == n) {
@@ -39,10 +56,27 @@ struct process_sync {
       generation.fetch_add(1);
       return;
     }
-    while (generation.load() == gen) {
+    for (unsigned spins = 1; generation.load() == gen; ++spins) {
       if (failed.load() != 0) throw std::runtime_error("another process of the run failed");
+      if (spins % 1024 == 0) {
+        const int gone = first_ended();
+        // One that arrived last may end as soon as it returns: the barrier
+        // is passed then.
+        if (gone >= 0 && generation.load() == gen)
+          throw std::runtime_error("process " + std::to_string(gone) + " of the run (pid " +
+                                   std::to_string(pids[gone].load()) + ") ended without reaching the others");
+      }
       ::usleep(20);
     }
+  }
+
+  //! The rank of a registered process that no longer runs, or -1.
+  int first_ended() const {
+    for (int k = 0; k < max_processes; ++k) {
+      const int p = pids[k].load();
+      if (p != 0 && !process_running(p)) return k;
+    }
+    return -1;
   }
 };
 
@@ -63,6 +97,7 @@ public:
       throw std::runtime_error("--processes: cannot map the processes' barrier");
     }
     sync_ = static_cast<process_sync*>(mem); // zeroes: a fresh barrier
+    sync_->pids[0].store(::getpid());
   }
   process_run(const process_run&) = delete;
   process_run& operator=(const process_run&) = delete;
@@ -89,19 +124,25 @@ public:
   //! Marks the run failed: the others' next wait throws.
   void fail() { sync_->failed.store(1); }
 
-  //! Starts this program again with `args` (argv[0] first). Throws, after
-  //! marking the run failed, when it cannot.
-  void start(std::vector<std::string> args) {
+  //! Starts this program again (or `program`) with `args` (argv[0] first)
+  //! as the run's next process. Throws, after marking the run failed, when
+  //! it cannot.
+  void start(std::vector<std::string> args, const std::string& program = "/proc/self/exe") {
+    if (kids_.size() + 1 >= static_cast<std::size_t>(process_sync::max_processes)) {
+      fail();
+      throw std::runtime_error("--processes: at most " + std::to_string(process_sync::max_processes) + " processes");
+    }
     std::vector<char*> argv;
     for (auto& a : args)
       argv.push_back(a.data());
     argv.push_back(nullptr);
     pid_t pid = 0;
-    if (::posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ) != 0) {
+    if (::posix_spawn(&pid, program.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
       fail();
       throw std::runtime_error("--processes: could not start process " + std::to_string(kids_.size() + 1));
     }
     kids_.push_back(pid);
+    sync_->pids[kids_.size()].store(pid);
   }
 
   //! Waits for every process started; true when each exited with status 0.
