@@ -479,7 +479,7 @@ run_result run_device_in_processes(const options& o, const std::string& dev, int
   }
   const bool all_ok = run.wait_all();
   if (failed) std::rethrow_exception(failed);
-  if (!all_ok) throw std::runtime_error("--processes: a process of the run failed (its message is above)");
+  if (!all_ok) throw std::runtime_error("--processes: " + run.failures().front());
   for (int k = 1; k < n; ++k) {
     std::ifstream f(outs[static_cast<std::size_t>(k - 1)]);
     per[static_cast<std::size_t>(k)].j = nlohmann::json::parse(f);

@@ -146,23 +146,30 @@ public:
   }
 
   //! Waits for every process started; true when each exited with status 0.
+  //! failures() then says how each other one ended.
   bool wait_all() {
-    bool ok = true;
-    for (const pid_t p : kids_) {
+    for (std::size_t k = 0; k < kids_.size(); ++k) {
       int st = 0;
-      while (::waitpid(p, &st, 0) < 0 && errno == EINTR) {
+      while (::waitpid(kids_[k], &st, 0) < 0 && errno == EINTR) {
       }
-      ok = ok && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+      const std::string who = "process " + std::to_string(k + 1) + " of the run (pid " + std::to_string(kids_[k]) + ")";
+      if (WIFSIGNALED(st))
+        failures_.push_back(who + " was killed by signal " + std::to_string(WTERMSIG(st)));
+      else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        failures_.push_back(who + " exited with status " + std::to_string(WEXITSTATUS(st)) + " (its message is above)");
     }
     kids_.clear();
-    return ok;
+    return failures_.empty();
   }
+  //! How the processes that failed ended (after wait_all).
+  const std::vector<std::string>& failures() const { return failures_; }
 
 private:
   int fd_ = -1;
   process_sync* sync_ = nullptr;
   std::vector<pid_t> kids_;
   std::vector<std::string> files_;
+  std::vector<std::string> failures_;
 };
 
 //! A started process's side: the run's shared page, from the descriptor it

@@ -45,6 +45,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -367,15 +368,19 @@ public:
   //! `shared`: the cache spread over every GPU of the run (null: a cache
   //! of this GPU alone, or with a `group` name this process's part of the
   //! cache of the run's processes). GPU `gpu` of `gpus` runs the batches
-  //! gpu, gpu + gpus, ... of the sampler.
+  //! gpu, gpu + gpus, ... of the sampler. `before_cache` (if any) runs once
+  //! the storage is open, before the cache is made (the processes of a run
+  //! meet there, so that none waits in the cache group for one that failed).
   gpu_run(const aggregate_options& o, const manifest& m, const host_csr& graph, const table_source& src,
-          feature_location where, page_cache* shared, int gpu, int gpus, const std::string& group = {})
+          feature_location where, page_cache* shared, int gpu, int gpus, const std::string& group = {},
+          const std::function<void()>& before_cache = {})
       : o_(o), m_(m), graph_(graph), src_(src), where_(std::move(where)), gpu_(gpu), gpus_(gpus),
         fanouts_(parse_fanouts(o.fanouts)), csr_(upload_csr(graph.indptr, graph.indices)), s_(where_.spec) {
     if (gpu != 0) o_.progress_every = 0; // the first GPU's progress stands for the run's
     // The array is attached before the medium is filled: a table that does
     // not fit the storage is refused there.
     locate_feature_table(where_, s_, o, m, src);
+    if (before_cache) before_cache();
     if (shared == nullptr) {
       page_cache_config cfg{.page_size = o.page_size, .capacity = static_cast<std::size_t>(o.cache_mib) << 20};
       if (!group.empty()) { // the group's cache: --cache-mib on each process's GPU
@@ -610,7 +615,7 @@ std::optional<aggregate_figures> run_process(const aggregate_options& o, const m
   const host_csr graph = read_csr(dir, m);
   const table_source src(dir, m);
   BAM_CUDA_TRY(cudaSetDevice(rank));
-  gpu_run<T> r(o, m, graph, src, where, nullptr, rank, n, group);
+  gpu_run<T> r(o, m, graph, src, where, nullptr, rank, n, group, [&] { ps.wait(n); });
   if (rank == 0 || !where.in_process) r.fill_or_check(pool);
   ps.wait(n);
   r.prepare();
@@ -640,6 +645,9 @@ int run_in_processes(const aggregate_options& o, const manifest& m) {
   std::vector<gpu_description> gpus;
   for (int g = 0; g < n; ++g)
     gpus.push_back(describe_gpu(g));
+  // The medium this process chose (its shared memory's name), or the
+  // dataset's own file, which each process plans its reading of itself.
+  const std::string child_device = where.from_file ? std::string("file") : where.device;
   bench::process_run run;
   std::vector<std::string> outs;
   for (int k = 1; k < n; ++k) {
@@ -647,7 +655,7 @@ int run_in_processes(const aggregate_options& o, const manifest& m) {
     std::vector<std::string> args = o.command;
     for (const std::string& x :
          {std::string("--process-rank"), std::to_string(k), std::string("--process-sync-fd"), std::to_string(run.fd()),
-          std::string("--process-device"), where.device, std::string("--process-group"),
+          std::string("--process-device"), child_device, std::string("--process-group"),
           group.empty() ? std::string("-") : group, std::string("--process-out"), outs.back()})
       args.push_back(x);
     run.start(std::move(args));
@@ -664,7 +672,8 @@ int run_in_processes(const aggregate_options& o, const manifest& m) {
   if (failed) std::rethrow_exception(failed);
   if (!mine) return 1;
   if (!all_ok) {
-    std::fprintf(stderr, "bam-gnn aggregate: a process of the run failed (its message is above)\n");
+    for (const std::string& why : run.failures())
+      std::fprintf(stderr, "bam-gnn aggregate: %s\n", why.c_str());
     return 1;
   }
   std::vector<aggregate_figures> per{*mine};
@@ -702,7 +711,12 @@ int run_started_process(const aggregate_options& o, const manifest& m) {
     if (!f) return 1;
     std::ofstream out(o.child.out);
     out << nlohmann::json(*f).dump() << "\n";
-    return out ? 0 : 1;
+    if (!out) {
+      std::fprintf(stderr, "bam-gnn aggregate: process %d: cannot write its figures to %s\n", o.child.rank,
+                   o.child.out.c_str());
+      return 1;
+    }
+    return 0;
   } catch (const std::exception& e) {
     ps->failed.store(1);
     std::fprintf(stderr, "bam-gnn aggregate: process %d: %s\n", o.child.rank, e.what());

@@ -24,6 +24,15 @@ TEST_CASE("the run's barrier fails when a process of the run ends without reachi
   CHECK_THROWS_WITH(run.sync().wait(2), ContainsSubstring("process 1 of the run") && ContainsSubstring("ended"));
   const bool all_ok = run.wait_all();
   CHECK(all_ok == (script == "exit 0")); // a failed or killed process is reported as failed
+  if (script == "exit 3") {
+    REQUIRE(run.failures().size() == 1);
+    CHECK_THAT(run.failures()[0],
+               ContainsSubstring("process 1 of the run") && ContainsSubstring("exited with status 3"));
+  }
+  if (script == "kill -9 $$") {
+    REQUIRE(run.failures().size() == 1);
+    CHECK_THAT(run.failures()[0], ContainsSubstring("killed by signal 9"));
+  }
 }
 
 TEST_CASE("the run's barrier fails when another process of the run failed", "[process-run]") {

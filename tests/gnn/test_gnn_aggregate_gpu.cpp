@@ -119,3 +119,23 @@ TEST_CASE("bam-gnn aggregate with a process per GPU fails as a whole, without wa
   CHECK(r.status != 0);
   CHECK(r.out.find("not fit") != std::string::npos);
 }
+
+TEST_CASE("bam-gnn aggregate with a process per GPU reads the dataset's own feature file in every process",
+          "[gnn][aggregate][gpu]") {
+  if (gpu_count() < 2) SKIP("this test needs 2 GPUs; " << gpu_count() << " found");
+  temp_dir d;
+  const run_result made = bam_gnn("make " + d.path.string() + " --nodes 20K --degree 6 --dim 64");
+  INFO(made.out);
+  REQUIRE(made.status == 0);
+  for (const std::string cache : {"", " --node-cache"}) {
+    // Each process plans its own reading of the file (the raw disk or the
+    // CPU engine from the file) and checks its first batches against it.
+    const run_result r = bam_gnn("aggregate " + d.path.string() +
+                                 " --device file --gpus 2 --processes --cache-mib 4 --batch-size 128 --batches 6 "
+                                 "--verify-batches 6 --progress-every 0" +
+                                 cache);
+    INFO("--device file --gpus 2 --processes" << cache << "\n" << r.out);
+    CHECK(r.status == 0);
+    CHECK(r.out.find("rows verified") != std::string::npos);
+  }
+}
