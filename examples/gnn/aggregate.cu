@@ -80,7 +80,8 @@ struct batch_slot {
   device_buffer<T> rows;                     // the feature rows of its last hop's nodes
   mean_buffers mean;                         // its aggregation
   pinned_buffer<unsigned long long> held{1}; // the pages its look-ahead holds kept
-  cuda_stream stream;
+  cuda_stream stream;                        // its gather and aggregation
+  cuda_stream sampling{true};                // its sampling, ahead of the other batches' gathers
   cuda_event start, sampled, gathered, aggregated;
   std::unique_ptr<row_holds<T>> holds; // null: --no-lookahead
   std::uint64_t batch = 0;
@@ -107,18 +108,21 @@ struct batch_pipeline {
   }
 };
 
-//! Starts batch `b` in slot `sl`: the sampling (the host waits for each
-//! hop's count), then, without waiting, the look-ahead holds, the gather
-//! through the cache and the aggregation, all on the slot's stream. The
+//! Starts batch `b` in slot `sl` (whose batch before is finished): the
+//! sampling (the host waits for each hop's count) on the slot's urgent
+//! stream, so that its small kernels do not queue behind the blocks of the
+//! other batches' gathers; then, without waiting, the look-ahead holds, the
+//! gather through the cache and the aggregation on the slot's stream. The
 //! other slots' batches run meanwhile.
 template <class T>
 void start_batch(const batch_pipeline<T>& p, batch_slot<T>& sl, std::uint64_t b) {
   const cudaStream_t st = sl.stream.s;
   const std::uint32_t hops = p.sampler.hops();
   sl.batch = b;
-  BAM_CUDA_TRY(cudaEventRecord(sl.start.e, st));
-  p.sampler.sample(sl.sample, p.sampled_batch(b), st);
-  BAM_CUDA_TRY(cudaEventRecord(sl.sampled.e, st));
+  BAM_CUDA_TRY(cudaEventRecord(sl.start.e, sl.sampling.s));
+  p.sampler.sample(sl.sample, p.sampled_batch(b), sl.sampling.s);
+  BAM_CUDA_TRY(cudaEventRecord(sl.sampled.e, sl.sampling.s));
+  BAM_CUDA_TRY(cudaStreamWaitEvent(st, sl.sampled.e, 0));
   const std::uint64_t* ids = sl.sample.nodes[hops].get();
   const std::uint64_t nids = sl.sample.count[hops];
   if (sl.holds) {

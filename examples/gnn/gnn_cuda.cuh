@@ -30,9 +30,15 @@ struct cuda_event {
 
 //! A non-blocking stream: work on it does not wait for the legacy default
 //! stream, so the mini-batches in flight on their own streams overlap.
+//! `urgent`: the device's highest priority, whose blocks the GPU starts
+//! before those of streams of the default priority waiting for room.
 struct cuda_stream {
   cudaStream_t s{};
-  cuda_stream() { BAM_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); }
+  explicit cuda_stream(bool urgent = false) {
+    int least = 0, greatest = 0;
+    if (urgent) BAM_CUDA_TRY(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    BAM_CUDA_TRY(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, urgent ? greatest : least));
+  }
   ~cuda_stream() { BAM_CUDA_LOG(cudaStreamDestroy(s)); }
   cuda_stream(const cuda_stream&) = delete;
   cuda_stream& operator=(const cuda_stream&) = delete;

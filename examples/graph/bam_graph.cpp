@@ -137,6 +137,9 @@ int main(int argc, char** argv) {
     a->add_option("--runs", ro.runs, "runs, each with a cold cache (default: 4; pagerank 1); BFS: a root each");
     a->add_option("--root", ro.root, "BFS: this root for every run (default: roots drawn from --seed)");
     a->add_option("--seed", ro.seed, "BFS: the seed the roots are drawn from (default 1)");
+    a->add_flag("--bottom-up,!--top-down", ro.bottom_up,
+                "BFS: direction-optimizing, a level whose frontier holds more than 1/20 of the nodes run bottom-up "
+                "(default); --top-down: every level top-down");
     a->add_flag("--baselines,!--no-baselines", ro.baselines,
                 "also run on the graph in GPU memory, zero-copy from pinned host memory and on CPU threads "
                 "(default)");

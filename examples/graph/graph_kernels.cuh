@@ -16,9 +16,12 @@
 // active lanes) or a range warp-cooperatively (`warp_range`, the whole warp,
 // converged, with the same range), calling f(value) on the lanes.
 //
-//   bfs_gpu       level-synchronous top-down BFS: a warp per frontier node,
-//                 the next frontier compacted with CUB (sorted by node id,
-//                 so that the next level reads the edge array in order)
+//   bfs_gpu       level-synchronous BFS, direction-optimizing: top-down (a
+//                 warp per frontier node, the next frontier compacted with
+//                 CUB, sorted by node id, so that the next level reads the
+//                 edge array in order) while the frontier is small;
+//                 bottom-up (a warp per unreached node, reading its
+//                 neighbours until one is in the frontier) while it is large
 //   cc_gpu        Afforest, as cc_cpu (graph_cpu.hpp), labels equal to it
 //   pagerank_gpu  pull-based PageRank: a warp per node sums its neighbours'
 //                 rank / degree, as pagerank_cpu
@@ -188,6 +191,44 @@ __global__ void bfs_expand(V g, const std::uint32_t* frontier, std::uint64_t cou
   });
 }
 
+//! Neighbours a warp of a bottom-up step reads before it looks whether one
+//! of them is in the frontier.
+inline constexpr std::uint64_t bottom_up_chunk = 128;
+
+//! A bottom-up step: each node of `unreached_nodes` reads its neighbours a
+//! chunk at a time until one is at level `cur` (in the frontier); that one
+//! becomes its parent. The list is in node order and a warp takes a run of
+//! it, so the warps read the edge array from start to end.
+template <class V>
+__global__ void bfs_bottom_up(V g, const std::uint32_t* unreached_nodes, std::uint64_t count, std::uint32_t* parent,
+                              std::uint32_t* level, std::uint32_t cur) {
+  const unsigned lane = lane_of_thread();
+  warp_per_listed_node(g, unreached_nodes, count, [&](std::uint32_t v, std::uint64_t b, std::uint64_t e) {
+    std::uint64_t pages = 0;
+    for (std::uint64_t c = b; c < e; c += bottom_up_chunk) {
+      std::uint32_t found = unreached;
+      pages += g.edg.warp_range(c, e - c < bottom_up_chunk ? e : c + bottom_up_chunk, [&](std::uint32_t u) {
+        if (found == unreached && level[u] == cur) found = u;
+      });
+      // A node reached in this step is at cur + 1, never cur: the other
+      // warps' writes do not change what this one finds.
+      const unsigned with = __ballot_sync(0xffffffffu, found != unreached);
+      if (with != 0) {
+        if (lane == static_cast<unsigned>(__ffs(with) - 1)) {
+          parent[v] = found;
+          level[v] = cur + 1;
+        }
+        break;
+      }
+    }
+    return pages;
+  });
+}
+
+//! Direction-optimizing BFS goes bottom-up for a level whose frontier holds
+//! more than 1 / bottom_up_share of the nodes.
+inline constexpr std::uint64_t bottom_up_share = 20;
+
 __global__ inline void bfs_start(std::uint32_t* parent, std::uint32_t* level, std::uint32_t* frontier,
                                  std::uint32_t root) {
   parent[root] = root;
@@ -253,19 +294,31 @@ struct work_buffers {
 
 struct bfs_figures {
   std::uint32_t levels = 0;
+  std::uint32_t bottom_up_levels = 0; //!< of them, the levels run bottom-up
 };
 
 //! BFS from `root`: parents into w.a (root's is root, unreached: unreached).
+//! `bottom_up`: direction-optimizing (a large frontier's level bottom-up);
+//! else every level top-down.
 template <class V>
-bfs_figures bfs_gpu(V g, std::uint32_t root, work_buffers& w, cudaStream_t s) {
+bfs_figures bfs_gpu(V g, std::uint32_t root, work_buffers& w, cudaStream_t s, bool bottom_up = true) {
   g.visits = w.visits.get();
   BAM_CUDA_TRY(cudaMemsetAsync(w.a.get(), 0xff, w.a.bytes(), s));
   BAM_CUDA_TRY(cudaMemsetAsync(w.b.get(), 0xff, w.b.bytes(), s));
   bfs_start<<<1, 1, 0, s>>>(w.a.get(), w.b.get(), w.list.get(), root);
   bfs_figures f;
   for (std::uint64_t count = 1; count != 0; ++f.levels) {
-    bfs_expand<<<grid_for_warps(count), gnn::block_threads, 0, s>>>(g, w.list.get(), count, w.a.get(), w.b.get(),
-                                                                    f.levels + 1);
+    if (bottom_up && count > g.nodes / bottom_up_share) {
+      // w.list: the nodes not reached yet, instead of the frontier.
+      const std::uint64_t left = w.select(at_level{w.b.get(), unreached}, s);
+      if (left != 0)
+        bfs_bottom_up<<<grid_for_warps(left), gnn::block_threads, 0, s>>>(g, w.list.get(), left, w.a.get(), w.b.get(),
+                                                                          f.levels);
+      ++f.bottom_up_levels;
+    } else {
+      bfs_expand<<<grid_for_warps(count), gnn::block_threads, 0, s>>>(g, w.list.get(), count, w.a.get(), w.b.get(),
+                                                                      f.levels + 1);
+    }
     BAM_CUDA_TRY(cudaGetLastError());
     count = w.select(at_level{w.b.get(), f.levels + 1}, s);
   }

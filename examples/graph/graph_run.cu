@@ -131,7 +131,7 @@ public:
     gnn::cuda_event start, stop;
     BAM_CUDA_TRY(cudaEventRecord(start.e, s));
     if (o_.algorithm == "bfs") {
-      r.steps = bfs_gpu(v, roots_[run], w, s).levels;
+      r.steps = bfs_gpu(v, roots_[run], w, s, o_.bottom_up).levels;
     } else if (o_.algorithm == "cc") {
       cc_gpu(v, w, s);
     } else {
@@ -373,7 +373,10 @@ int run_algorithm(const run_options& o0) {
     j["access"] = o.access;
     j["offsets"] = o.offsets;
     j["runs"] = o.runs;
-    if (o.algorithm == "bfs") j["roots"] = run.roots();
+    if (o.algorithm == "bfs") {
+      j["roots"] = run.roots();
+      j["bfs_direction"] = o.bottom_up ? "direction-optimizing" : "top-down";
+    }
     if (o.algorithm == "pagerank")
       j["pagerank"] = {
           {"damping", o.damping}, {"iterations", o.iterations}, {"tolerance", o.tolerance}, {"max_l1", o.max_l1}};

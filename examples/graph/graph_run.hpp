@@ -19,6 +19,7 @@ struct run_options {
   unsigned runs = 0;           //!< 0: 4 for bfs and cc, 1 for pagerank (BFS: a root each)
   std::int64_t root = -1;      //!< BFS: this root for every run (-1: drawn from seed)
   std::uint64_t seed = 1;      //!< BFS roots
+  bool bottom_up = true;       //!< BFS: direction-optimizing (large frontiers bottom-up); false: top-down only
   bool baselines = true;       //!< also GPU memory, zero-copy host memory and CPU threads
   bool validate = true;        //!< check every run's result
   double damping = 0.85;       //!< PageRank

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
-// bam-graph's GPU algorithms on a small R-MAT graph: BFS, connected
+// bam-graph's GPU algorithms on a small R-MAT graph: BFS (direction-
+// optimizing, and top-down only), connected
 // components and PageRank over the graph through bam's page cache (pinned
 // host RAM served by the GPU engine, a cache smaller than the edges, both
 // ways of reading neighbours, pages of 512 B to 16 KiB, the offsets in GPU
@@ -46,6 +47,8 @@ const small_graph& graph() {
 
 struct results {
   std::vector<std::uint32_t> parents, labels;
+  std::vector<std::uint32_t> top_down_parents; //!< BFS with every level top-down
+  bfs_figures bfs, top_down;
   std::vector<double> ranks;
   std::uint64_t visits = 0;
 };
@@ -54,7 +57,10 @@ template <class V>
 results run_all(V v, work_buffers& w, cudaStream_t s) {
   results r;
   const std::uint64_t n = graph().m.nodes;
-  bfs_gpu(v, graph().root, w, s);
+  r.top_down = bfs_gpu(v, graph().root, w, s, false);
+  r.top_down_parents.resize(n);
+  bam::copy_to_host(r.top_down_parents.data(), w.a.get(), n, s);
+  r.bfs = bfs_gpu(v, graph().root, w, s); // direction-optimizing
   r.parents.resize(n);
   bam::copy_to_host(r.parents.data(), w.a.get(), n, s);
   cc_gpu(v, w, s);
@@ -74,6 +80,15 @@ void check_against_cpu(const results& r) {
   INFO(b.why);
   CHECK(b.ok);
   CHECK(b.reached > g.nodes() / 2);
+  // The graph's large levels ran bottom-up, the others top-down.
+  CHECK(r.bfs.bottom_up_levels >= 1);
+  CHECK(r.bfs.bottom_up_levels < r.bfs.levels);
+  const check_result t = validate_bfs(g, graph().root, r.top_down_parents);
+  INFO(t.why);
+  CHECK(t.ok);
+  CHECK(t.reached == b.reached);
+  CHECK(r.top_down.bottom_up_levels == 0);
+  CHECK(r.top_down.levels == r.bfs.levels);
   const check_result c = same_partition(r.labels, cc_cpu(g));
   INFO(c.why);
   CHECK(c.ok);
