@@ -13,14 +13,22 @@
 //   cpu-loader   host threads open, read and close each file of the batch
 //                from the file system (files hot in the OS page cache) into
 //                pinned memory, then one copy to the GPU per batch: what a
-//                PyTorch DataLoader does, at its best.
-// Every byte bam and zero-copy deliver is checked on the GPU; the CPU loader's
-// on the host.
+//                PyTorch DataLoader does, at its best;
+//   kvikio       KvikIO (when the build has it) opening each file of the
+//                batch and reading it whole into GPU memory with its thread
+//                pool (as many threads as the CPU loader), every read of the
+//                batch in flight at once: the GPUDirect Storage family's
+//                loader (compat mode where GDS is absent).
+// With --cold the CPU loader and KvikIO run again after the OS page cache
+// is dropped (needs root): the files then come from the machine's disk.
+// Every byte bam, zero-copy and KvikIO deliver is checked on the GPU; the
+// CPU loader's on the host.
 //
 //   file_bench --files 10000 --batch 512 --json out.json
 #include <bam/bam.cuh>
 
 #include "detail/file_corpus.hpp"
+#include "detail/kvikio_files.hpp"
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -30,8 +38,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -49,6 +59,7 @@ struct options {
   std::uint64_t cache_mib = 256;
   std::uint32_t page_size = 65536;
   unsigned threads = 16;
+  bool cold = false;
   std::string device = "emu-gpu:ram";
   std::string json;
   std::string commit;
@@ -96,7 +107,7 @@ struct batch_plan {
   std::uint64_t file_bytes = 0; //!< of every file read
 };
 
-nlohmann::json path_json(const char* what, double seconds, const batch_plan& p, std::uint64_t files,
+nlohmann::json path_json(const std::string& what, double seconds, const batch_plan& p, std::uint64_t files,
                          std::uint64_t bad) {
   return {{"what", what},
           {"seconds", seconds},
@@ -105,11 +116,23 @@ nlohmann::json path_json(const char* what, double seconds, const batch_plan& p, 
           {"bad_bytes", bad}};
 }
 
+//! Writes back dirty pages and drops the OS page cache (root only):
+//! returns "" when done, else why not.
+std::string drop_os_page_cache() {
+  ::sync();
+  const int fd = ::open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return std::string("/proc/sys/vm/drop_caches: ") + std::strerror(errno);
+  const bool ok = ::write(fd, "3\n", 2) == 2;
+  const int e = errno;
+  ::close(fd);
+  return ok ? "" : std::string("/proc/sys/vm/drop_caches: ") + std::strerror(e);
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
   options o;
-  CLI::App app{"file_bench: many files read whole, by index, in random batches (bam, zero-copy, a CPU loader)"};
+  CLI::App app{"file_bench: many files read whole, by index, in random batches (bam, zero-copy, a CPU loader, KvikIO)"};
   app.add_option("--files", o.corpus.files, "files in the corpus (default 20000)");
   app.add_option("--mean-bytes", o.corpus.mean_bytes, "mean file size in bytes (default 112640)");
   app.add_option("--seed", o.corpus.seed, "seed of the sizes and the batches");
@@ -117,7 +140,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch", o.batch, "files per batch (default 512)");
   app.add_option("--cache-mib", o.cache_mib, "page cache (default 256 MiB: far less than an epoch)");
   app.add_option("--page-size", o.page_size, "cache page size (default 65536)");
-  app.add_option("--threads", o.threads, "threads of the CPU loader (default 16)");
+  app.add_option("--threads", o.threads, "threads of the CPU loader and of KvikIO's pool (default 16)");
+  app.add_flag("--cold", o.cold, "also run the CPU loader and KvikIO after dropping the OS page cache (root)");
   app.add_option("--json", o.json, "write the results here");
   CLI11_PARSE(app, argc, argv);
   o.commit = std::getenv("BAM_COMMIT") ? std::getenv("BAM_COMMIT") : "unknown";
@@ -258,8 +282,8 @@ int main(int argc, char** argv) {
     }
 
     // The CPU loader: threads read the batch's files into pinned memory, one copy to the GPU.
-    {
-      bam::pinned_buffer<std::uint8_t> staging(plan.max_bytes);
+    bam::pinned_buffer<std::uint8_t> staging(plan.max_bytes);
+    auto cpu_loader = [&](const std::string& how) {
       std::atomic<std::uint64_t> host_bad{0};
       const auto t = clock_type::now();
       for (std::uint64_t b = 0; b < nb; ++b) {
@@ -292,9 +316,58 @@ int main(int argc, char** argv) {
       for (std::size_t k = 0; k < plan.ids[lb].size(); ++k)
         for (std::uint64_t x = 0; x < files.size(plan.ids[lb][k]); ++x)
           wrong += staging.get()[plan.offsets[lb][k] + x] != bench::corpus_byte(c.file_ids[plan.ids[lb][k]], x);
-      paths.push_back(path_json("CPU loader: threads open/read/close each file (OS page cache, hot) into pinned "
-                                "memory, one copy per batch",
+      paths.push_back(path_json("CPU loader: threads open/read/close each file (" + how +
+                                    ") into pinned memory, one copy per batch",
                                 cpu_s, plan, n, wrong));
+    };
+    // KvikIO: its pool reads the batch's files into GPU memory; each batch checked on the GPU (not timed).
+    const std::string kvikio_why = bench::kvikio_files_setup(o.threads);
+    auto kvikio_loader = [&](const std::string& how) {
+      const std::string what = "KvikIO: FileHandle::pread of each file (" + how + ") into GPU memory, " +
+                               std::to_string(o.threads) + " threads, a batch in flight";
+      if (!kvikio_why.empty()) {
+        paths.push_back({{"what", what}, {"skipped", kvikio_why}});
+        return;
+      }
+      BAM_CUDA_TRY(cudaMemsetAsync(bad.get(), 0, sizeof(unsigned long long), s));
+      BAM_CUDA_TRY(cudaStreamSynchronize(s));
+      std::string mode;
+      std::uint64_t missing = 0;
+      double secs = 0;
+      std::vector<std::uint64_t> sizes;
+      try {
+        for (std::uint64_t b = 0; b < nb; ++b) {
+          const std::uint64_t f = first[b], cnt = first[b + 1] - first[b];
+          sizes.assign(flat_size.begin() + static_cast<std::ptrdiff_t>(f),
+                       flat_size.begin() + static_cast<std::ptrdiff_t>(f + cnt));
+          const auto t = clock_type::now();
+          missing += bench::kvikio_read_files(c.paths, plan.ids[b], sizes, out.get(), plan.offsets[b], mode);
+          secs += seconds_since(t);
+          check_batch<<<grid(cnt), threads, 0, s>>>(out.get(), d_off.get() + f, d_size.get() + f, d_cid.get() + f, cnt,
+                                                    bad.get());
+          BAM_CUDA_TRY(cudaStreamSynchronize(s));
+        }
+      } catch (const std::exception& e) {
+        paths.push_back({{"what", what}, {"skipped", std::string("KvikIO failed: ") + e.what()}});
+        return;
+      }
+      paths.push_back(path_json(what, secs, plan, n, bad_bytes() + missing));
+      paths.back()["kvikio_mode"] = mode;
+    };
+    cpu_loader("OS page cache, hot");
+    kvikio_loader("OS page cache, hot");
+    if (o.cold) {
+      for (const char* which : {"cpu", "kvikio"}) {
+        const std::string why = drop_os_page_cache();
+        if (!why.empty()) {
+          paths.push_back({{"what", std::string(which) + " loader, cold"}, {"skipped", why}});
+          continue;
+        }
+        if (std::string(which) == "cpu")
+          cpu_loader("cold: the OS page cache dropped first");
+        else
+          kvikio_loader("cold: the OS page cache dropped first");
+      }
     }
 
     nlohmann::json j;
@@ -322,22 +395,32 @@ int main(int argc, char** argv) {
     j["page_size"] = o.page_size;
     j["cache_bytes"] = o.cache_mib << 20;
     j["cpu_threads"] = o.threads;
-    j["paths"] = paths;
     const double zc = paths[1]["GB_per_s"].get<double>();
+    const double bam_rate = paths[0]["GB_per_s"].get<double>();
     for (auto& p : paths)
-      p["ratio_to_zero_copy"] = p["GB_per_s"].get<double>() / zc;
+      if (p.contains("GB_per_s")) {
+        p["ratio_to_zero_copy"] = p["GB_per_s"].get<double>() / zc;
+        p["bam_over_this"] = bam_rate / p["GB_per_s"].get<double>();
+      }
     j["paths"] = paths;
-    std::printf("%-100s %10s %8s %8s %6s\n", "path", "files/s", "GB/s", "vs 0-copy", "bad");
-    for (const auto& p : paths)
-      std::printf("%-100s %10.0f %8.2f %8.2fx %6llu\n", p["what"].get<std::string>().c_str(),
+    std::printf("%-110s %10s %8s %9s %7s %6s\n", "path", "files/s", "GB/s", "vs 0-copy", "bam/it", "bad");
+    for (const auto& p : paths) {
+      if (!p.contains("GB_per_s")) {
+        std::printf("%-110s skipped: %s\n", p["what"].get<std::string>().c_str(),
+                    p["skipped"].get<std::string>().c_str());
+        continue;
+      }
+      std::printf("%-110s %10.0f %8.2f %8.2fx %6.2fx %6llu\n", p["what"].get<std::string>().c_str(),
                   p["files_per_s"].get<double>(), p["GB_per_s"].get<double>(), p["ratio_to_zero_copy"].get<double>(),
+                  p["bam_over_this"].get<double>(),
                   static_cast<unsigned long long>(p["bad_bytes"].get<std::uint64_t>()));
+    }
     if (!o.json.empty()) std::ofstream(o.json) << j.dump(1) << "\n";
     BAM_CUDA_TRY(cudaStreamDestroy(s));
     if (own_dir) fs::remove_all(o.corpus.dir);
     std::uint64_t all_bad = 0;
     for (const auto& p : paths)
-      all_bad += p["bad_bytes"].get<std::uint64_t>();
+      if (p.contains("bad_bytes")) all_bad += p["bad_bytes"].get<std::uint64_t>();
     return all_bad == 0 ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "file_bench: %s\n", e.what());
