@@ -6,6 +6,7 @@
 #if defined(BAM_WITH_KVIKIO)
 #include <kvikio/file_handle.hpp>
 
+#include <exception>
 #include <future>
 #endif
 
@@ -35,18 +36,30 @@ std::uint64_t kvikio_read_files(const std::vector<std::string>& paths, const std
                                 const std::vector<std::uint64_t>& offsets, std::string& mode) {
   std::uint64_t missing = 0;
 #if defined(BAM_WITH_KVIKIO)
-  // Reserved: the handles stay where their reads were started from.
+  // Reserved: the handles stay where their reads were started from, and
+  // outlive them: every read started is waited for, even after a failure.
   std::vector<kvikio::FileHandle> handles;
   handles.reserve(ids.size());
   std::vector<std::future<std::size_t>> reads(ids.size());
-  for (std::size_t k = 0; k < ids.size(); ++k) {
-    handles.emplace_back(paths.at(ids[k]), "r");
-    if (sizes[k] != 0) reads[k] = handles.back().pread(static_cast<char*>(gpu) + offsets[k], sizes[k], 0);
+  std::exception_ptr failed;
+  try {
+    for (std::size_t k = 0; k < ids.size(); ++k) {
+      handles.emplace_back(paths.at(ids[k]), "r");
+      if (sizes[k] != 0) reads[k] = handles.back().pread(static_cast<char*>(gpu) + offsets[k], sizes[k], 0);
+    }
+  } catch (...) {
+    failed = std::current_exception();
   }
   for (std::size_t k = 0; k < ids.size(); ++k) {
-    const std::size_t got = reads[k].valid() ? reads[k].get() : 0;
+    std::size_t got = 0;
+    try {
+      got = reads[k].valid() ? reads[k].get() : 0;
+    } catch (...) {
+      if (!failed) failed = std::current_exception();
+    }
     missing += got < sizes[k] ? sizes[k] - got : 0;
   }
+  if (failed) std::rethrow_exception(failed);
   if (mode.empty() && !handles.empty())
     mode = handles.front().get_compat_mode_manager().is_compat_mode_preferred() ? "compat mode (POSIX read + copy)"
                                                                                 : "GPUDirect Storage (cuFile)";

@@ -19,7 +19,9 @@ std::string kvikio_files_setup(unsigned threads);
 //! Reads `paths[ids[k]]` (`sizes[k]` bytes) into `gpu + offsets[k]` for
 //! every k, all in flight at once, and waits for them. Returns the bytes
 //! that did not arrive; `mode` gets how KvikIO read (compat mode or
-//! GPUDirect Storage). Throws what KvikIO throws.
+//! GPUDirect Storage). Throws what KvikIO throws, once every read it
+//! started has ended. Each file of the batch holds a descriptor (two with
+//! GDS) until the batch ends: raise RLIMIT_NOFILE for large batches.
 std::uint64_t kvikio_read_files(const std::vector<std::string>& paths, const std::vector<std::uint64_t>& ids,
                                 const std::vector<std::uint64_t>& sizes, void* gpu,
                                 const std::vector<std::uint64_t>& offsets, std::string& mode);

@@ -61,6 +61,7 @@ struct pointer_source {
   static constexpr bool through_cache = false;
   const T* p = nullptr;
   BAM_DEVICE T get(std::uint64_t i) const { return p[i]; }
+  BAM_DEVICE std::uint64_t pages(std::uint64_t, std::uint64_t) const { return 0; }
   template <class F>
   BAM_DEVICE std::uint64_t warp_range(std::uint64_t begin, std::uint64_t end, F&& f) const {
     for (std::uint64_t j = begin + lane_of_thread(); j < end; j += 32)
@@ -81,6 +82,9 @@ struct bam_copy_source {
   array_ref<T> a;
   unsigned page_shift = 0; //!< log2(elements per cache page)
   BAM_DEVICE T get(std::uint64_t i) const { return a[i]; }
+  BAM_DEVICE std::uint64_t pages(std::uint64_t begin, std::uint64_t end) const {
+    return pages_spanned(begin, end, page_shift);
+  }
   template <class F>
   BAM_DEVICE std::uint64_t warp_range(std::uint64_t begin, std::uint64_t end, F&& f) const {
     __shared__ T buf[warps_per_block][chunk];
@@ -103,6 +107,9 @@ struct bam_reader_source {
   array_ref<T> a;
   unsigned page_shift = 0;
   BAM_DEVICE T get(std::uint64_t i) const { return a[i]; }
+  BAM_DEVICE std::uint64_t pages(std::uint64_t begin, std::uint64_t end) const {
+    return pages_spanned(begin, end, page_shift);
+  }
   template <class F>
   BAM_DEVICE std::uint64_t warp_range(std::uint64_t begin, std::uint64_t end, F&& f) const {
     auto r = a.reader();
@@ -204,10 +211,11 @@ __global__ void bfs_bottom_up(V g, const std::uint32_t* unreached_nodes, std::ui
                               std::uint32_t* level, std::uint32_t cur) {
   const unsigned lane = lane_of_thread();
   warp_per_listed_node(g, unreached_nodes, count, [&](std::uint32_t v, std::uint64_t b, std::uint64_t e) {
-    std::uint64_t pages = 0;
+    std::uint64_t read_to = b; // the pages of [b, read_to) are counted once, as a top-down read counts them
     for (std::uint64_t c = b; c < e; c += bottom_up_chunk) {
       std::uint32_t found = unreached;
-      pages += g.edg.warp_range(c, e - c < bottom_up_chunk ? e : c + bottom_up_chunk, [&](std::uint32_t u) {
+      read_to = e - c < bottom_up_chunk ? e : c + bottom_up_chunk;
+      g.edg.warp_range(c, read_to, [&](std::uint32_t u) {
         if (found == unreached && level[u] == cur) found = u;
       });
       // A node reached in this step is at cur + 1, never cur: the other
@@ -221,7 +229,7 @@ __global__ void bfs_bottom_up(V g, const std::uint32_t* unreached_nodes, std::ui
         break;
       }
     }
-    return pages;
+    return g.edg.pages(b, read_to);
   });
 }
 
