@@ -97,7 +97,7 @@ struct bam_copy_source {
         f(mine[k]);
       __syncwarp();
     }
-    return pages_spanned(begin, end, page_shift);
+    return pages(begin, end);
   }
 };
 
@@ -115,7 +115,7 @@ struct bam_reader_source {
     auto r = a.reader();
     for (std::uint64_t j = begin + lane_of_thread(); j < end; j += 32)
       f(r[j]);
-    return pages_spanned(begin, end, page_shift);
+    return pages(begin, end);
   }
 };
 
