@@ -78,6 +78,7 @@ except ImportError as e:  # pragma: no cover - depends on what is installed
     sys.exit(f"train_sage.py needs torch and torch_geometric (pip install torch torch_geometric): {e}")
 
 MODES = ("bam", "memory", "memmap", "uva")
+DEFAULT_MODES = "bam,memory,memmap"
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "float64": np.float64}
 
 
@@ -325,6 +326,37 @@ def uva_source(ds: Dataset, device: torch.device) -> Source:
     return Source("uva", gather, time.perf_counter() - t0,
                   {"where": "pinned host memory, gathered zero-copy by the GPU", "bytes": host.numel() * 4,
                    "cupy": cp.__version__})
+
+
+def available_host_memory() -> int:
+    """MemAvailable of /proc/meminfo, in bytes (0 where it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) << 10
+    except OSError:
+        pass
+    return 0
+
+
+def table_does_not_fit(ds: Dataset, mode: str, device: torch.device, args: argparse.Namespace,
+                       dist: "Dist") -> Optional[str]:
+    """Why mode `memory` or `uva` cannot hold the whole float32 table with
+    --headroom-gib to spare, or None when it can. `memory` holds it in the torch
+    device's free memory, `uva` in pinned host memory, a copy per process of the
+    host. Every process of the job gets the same answer."""
+    need = ds.nodes * ds.dim * 4
+    on_gpu = mode == "memory" and device.type == "cuda"
+    copies = 1 if on_gpu else int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    free = torch.cuda.mem_get_info(device)[0] if on_gpu else available_host_memory()
+    short = dist.reduce([float(need * copies + args.headroom_gib * 2**30 - free)], "max", device)[0]
+    if short <= 0:
+        return None
+    where = "the GPU's free memory" if on_gpu else "available host memory"
+    each = f" per process, {copies} processes on this host" if copies > 1 else ""
+    return (f"the table ({need / 2**30:.1f} GiB{each}) does not fit in {where} with {args.headroom_gib:g} GiB "
+            f"to spare: {short / 2**30:.1f} GiB short")
 
 
 def memmap_source(ds: Dataset, device: torch.device) -> Source:
@@ -608,13 +640,18 @@ def commit_of(path: str) -> str:
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dataset", help="a bam-gnn dataset directory (manifest.json, indptr.npy, indices.npy, features)")
-    p.add_argument("--features", default="bam,memory,memmap", help="modes to run, in order (bam, memory, memmap, uva)")
+    p.add_argument("--features", help="modes to run, in order (bam, memory, memmap, uva; default bam,memory,memmap, "
+                   "and bam,memory for a dataset without a feature file)")
     p.add_argument("--device", help="bam's device string (default: emu-gpu:ram sized to the table)")
     p.add_argument("--cache-mib", type=int, default=1024, help="bam's page cache")
-    p.add_argument("--page-size", type=int, default=4096, help="bam's cache page size")
+    p.add_argument("--page-size", type=int, help="bam's cache page size (default: a row rounded up to a power of "
+                   "two, 512 to 4096 bytes: a random row then moves no bytes beside it)")
     p.add_argument("--node-cache", action="store_true",
                    help="under torchrun: the processes build one page cache together, --cache-mib on each GPU, one "
                         "copy of a page for all (bam.CacheGroup.from_torch()); default: a cache per process")
+    p.add_argument("--headroom-gib", type=float, default=4.0,
+                   help="memory the memory and uva modes leave free beside the table (the graph, the training); a "
+                        "mode whose table does not fit is skipped, with the reason")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--fanouts", default="15,10,5", help="neighbours sampled per layer")
@@ -635,7 +672,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
 
-    modes = [m.strip() for m in args.features.split(",") if m.strip()]
+    modes = [m.strip() for m in (args.features or DEFAULT_MODES).split(",") if m.strip()]
     for m in modes:
         if m not in MODES:
             fail(f"--features: unknown mode {m!r} (modes: {', '.join(MODES)})")
@@ -667,6 +704,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.quiet = True
 
     ds = open_dataset(args.dataset)
+    if args.page_size is None:
+        args.page_size = min(4096, max(512, 1 << (ds.row_bytes - 1).bit_length()))
+    if args.features is None and ds.features_file is None:
+        modes.remove("memmap")  # nothing to map: the table is only on its device
     if args.labels is None and os.path.isfile(os.path.join(ds.root, "labels.npy")):
         args.labels = os.path.join(ds.root, "labels.npy")
     labels_np = make_labels(ds, args.classes, args.seed, args.labels, device)
@@ -689,6 +730,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     for m in modes:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
+        why = table_does_not_fit(ds, m, device, args, dist) if m in ("memory", "uva") else None
+        if why is not None:
+            if not args.quiet:
+                print(f"{m:>7} skipped: {why}", flush=True)
+            results.append({"mode": m, "skipped": why, "processes": dist.world})
+            continue
         src = (bam_source(ds, args, dist) if m == "bam" else memory_source(ds, device) if m == "memory"
                else uva_source(ds, device) if m == "uva" else memmap_source(ds, device))
         results.append(run_mode(src, ds, graph, labels, splits, args, device, reference, dist))
@@ -701,10 +748,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         torch.distributed.destroy_process_group()
         if not dist.main:
             return 0
-    base = next((r for r in results if r["mode"] == "memory"), None)
+    base = next((r for r in results if r["mode"] == "memory" and "skipped" not in r), None)
     print(f"\n{'mode':>7} {'epoch s':>9} {'vs memory':>10} {'gather GB/s':>12} {'val acc':>8} {'GPU GiB':>8} "
           f"{'host GiB':>9}")
     for r in results:
+        if "skipped" in r:
+            print(f"{r['mode']:>7}   skipped: {r['skipped']}")
+            continue
         ratio = f"{r['epoch_s'] / base['epoch_s']:.2f}x" if base else "-"
         mem = r["memory"]
         gpu = f"{mem['gpu_used_bytes_max_per_process'] / 2**30:.2f}" if "gpu_used_bytes_max_per_process" in mem else "-"
@@ -720,7 +770,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                            "dim": ds.dim, "dtype": ds.dtype.name},
                "settings": {k: getattr(args, k) for k in ("epochs", "batch_size", "fanouts", "hidden", "lr", "classes",
                                                           "train_nodes", "val_nodes", "seed", "cache_mib", "page_size",
-                                                          "node_cache")},
+                                                          "node_cache", "headroom_gib")},
                "results": results}
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

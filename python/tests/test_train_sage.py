@@ -73,6 +73,20 @@ def run_two_processes(root, *extra):
     return {x["mode"]: x for x in res["results"]}
 
 
+def test_a_table_that_does_not_fit_skips_its_mode_and_says_why(tmp_path):
+    """Modes memory and uva hold the whole table; with more headroom asked for
+    than the machine has, memory is skipped with the reason and the run goes on."""
+    write_dataset(tmp_path)
+    res, text = run(tmp_path, tmp_path / "r.json", "--features", "memory,memmap", "--torch-device", "cpu",
+                    "--headroom-gib", str(1 << 30))
+    by = {r["mode"]: r for r in res["results"]}
+    assert "does not fit in available host memory" in by["memory"]["skipped"]
+    assert "epochs" not in by["memory"]
+    assert len(by["memmap"]["epochs"]) == 4 and by["memmap"]["final_val_accuracy"] > 0
+    assert "skipped: the table" in text
+    assert res["settings"]["headroom_gib"] == float(1 << 30)
+
+
 def test_memory_and_memmap_train_alike_on_the_cpu(tmp_path):
     write_dataset(tmp_path, header_bytes=128)
     res, text = run(tmp_path, tmp_path / "r.json", "--features", "memory,memmap", "--torch-device", "cpu")
@@ -84,6 +98,7 @@ def test_memory_and_memmap_train_alike_on_the_cpu(tmp_path):
     # Same rows, same batches, same seed: the same training, loss for loss.
     assert [e["loss"] for e in by["memory"]["epochs"]] == [e["loss"] for e in by["memmap"]["epochs"]]
     assert "vs memory" in text
+    assert res["settings"]["page_size"] == 512  # 64-byte rows: the smallest page by default
     # Memory per process: host only on the CPU; the memory mode holds the table.
     mem = by["memory"]["memory"]
     assert set(mem) == {"host_own_bytes_max_per_process", "host_shared_bytes_max_per_process"}
@@ -162,13 +177,15 @@ def test_shared_memory_the_tool_wrote_is_read_by_gpu_threads():
 @pytest.mark.gpu
 def test_bam_reads_a_table_kept_only_on_its_device(tmp_path, bam_gnn):
     """Without --device, mode bam reads the table where the dataset tool wrote
-    it (the manifest's device and offset), and trains as memory does."""
+    it (the manifest's device and offset), and trains as memory does. The
+    default modes leave out memmap, which has no file to map."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
     pytest.importorskip("bam")
     _, without = make_twins(bam_gnn, tmp_path)
-    res, _ = run(without, tmp_path / "r.json", "--features", "bam,memory", "--cache-mib", "1")
+    res, _ = run(without, tmp_path / "r.json", "--cache-mib", "1")
     by = {r["mode"]: r for r in res["results"]}
+    assert [r["mode"] for r in res["results"]] == ["bam", "memory"]
     assert by["bam"]["device"].startswith("emu:file=")
     assert by["bam"]["placement"].startswith("the table the dataset tool wrote")
     assert by["bam"]["checked_batches"] == 2
