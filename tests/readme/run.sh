@@ -7,8 +7,9 @@
 #   - the bam command's lines (bam ...): with the installed bam first on PATH,
 #     in a scratch directory holding a 4 MiB features.bin; a copy.bin they
 #     write must equal it.
-# Lines that need root, a whole build, the network or the two set-up scripts
-# (sudo, cpack, pip, scripts/) are listed as skipped. Any other line of a
+# Lines that need root, a whole build, the network, the two set-up scripts or
+# a node of GPUs with 60 GB to spare (sudo, cpack, pip, scripts/, bam-gnn,
+# torchrun: the GPU machines run those) are listed as skipped. Any other line of a
 # ```sh block fails the test until this script knows how to run it.
 #   tests/readme/run.sh [README]
 set -euo pipefail
@@ -38,7 +39,7 @@ run_line() { # where line-number command
 }
 while IFS=$'\t' read -r at line; do
   case "$line" in
-  scripts/* | *sudo\ * | *cpack* | pip\ *)
+  scripts/* | *sudo\ * | *cpack* | pip\ * | bam-gnn\ * | torchrun\ *)
     echo "readme: skipped README:$at  $line"
     skipped=$((skipped + 1))
     ;;
