@@ -27,6 +27,8 @@ def main() -> None:
     with open(sys.argv[1]) as f:
         d = json.load(f)
     ran = [r for r in d["results"] if "skipped" not in r]  # a mode whose table did not fit ran nothing
+    if not ran:
+        sys.exit(f"{sys.argv[1]}: every mode was skipped: " + "; ".join(r["skipped"] for r in d["results"]))
     modes = [r["mode"] for r in ran]
     last = [r["epochs"][-1] for r in ran]
     ref = next((e["seconds"] for r, e in zip(ran, last) if r["mode"] == "memory"), None)

@@ -38,6 +38,12 @@ the memory and uva tables) are generated from the feature seed
 (generated_features.py); mode memmap is refused. Each mode reports the memory
 it held per process (host and GPU).
 
+A graph larger than a GPU's memory: --graph bam keeps the offsets in GPU
+memory and reads the neighbour ids through a bam page cache of their own
+(--graph-cache-mib), loaded onto --graph-device (default: shared memory under
+torchrun, emu-gpu:ram without it); with --node-cache that cache is one over
+the job's GPUs too.
+
 Labels: --labels FILE.npy (one integer class per node, -1 for none), else the
 dataset's labels.npy when it has one (examples/gnn/import_ogb.py writes it
 for OGB's datasets), else derived from the features (the argmax of a fixed
@@ -328,16 +334,29 @@ def uva_source(ds: Dataset, device: torch.device) -> Source:
                    "cupy": cp.__version__})
 
 
-def available_host_memory() -> int:
-    """MemAvailable of /proc/meminfo, in bytes (0 where it cannot be read)."""
+def available_host_memory() -> Optional[int]:
+    """Host memory this process may still take, in bytes: MemAvailable of
+    /proc/meminfo, or less where a cgroup (a container) limits the process;
+    None where neither can be read."""
+    avail = None
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) << 10
+                    avail = int(line.split()[1]) << 10
     except OSError:
         pass
-    return 0
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read().strip())
+        if limit != "max":
+            room = max(0, int(limit) - used)
+            avail = room if avail is None else min(avail, room)
+    except (OSError, ValueError):
+        pass
+    return avail
 
 
 def table_does_not_fit(ds: Dataset, mode: str, device: torch.device, args: argparse.Namespace,
@@ -350,7 +369,9 @@ def table_does_not_fit(ds: Dataset, mode: str, device: torch.device, args: argpa
     on_gpu = mode == "memory" and device.type == "cuda"
     copies = 1 if on_gpu else int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     free = torch.cuda.mem_get_info(device)[0] if on_gpu else available_host_memory()
-    short = dist.reduce([float(need * copies + args.headroom_gib * 2**30 - free)], "max", device)[0]
+    # Where the host's memory cannot be read, the mode is tried.
+    short = -1.0 if free is None else float(need * copies + args.headroom_gib * 2**30 - free)
+    short = dist.reduce([short], "max", device)[0]
     if short <= 0:
         return None
     where = "the GPU's free memory" if on_gpu else "available host memory"
@@ -407,6 +428,17 @@ def same_medium(a: str, b: str) -> bool:
     return a == b or (shm_medium(a) is not None and shm_medium(a) == shm_medium(b))
 
 
+def default_page_size(row_bytes: int, storage) -> int:
+    """A row rounded up to a power of two, 512 to 4096 bytes (a random row
+    then brings in little beside it), at least the storage's block size, and
+    large enough for the cache to address the whole storage (2^34 pages)."""
+    page = min(4096, max(512, 1 << (row_bytes - 1).bit_length()))
+    page = max(page, storage.lba_size)
+    while storage.bytes > page << 34:
+        page *= 2
+    return page
+
+
 def bam_source(ds: Dataset, args: argparse.Namespace, dist: "Dist") -> Source:
     try:
         import bam
@@ -430,7 +462,10 @@ def bam_source(ds: Dataset, args: argparse.Namespace, dist: "Dist") -> Source:
     # The processes of the job build one cache together (a collective).
     group = bam.CacheGroup.from_torch() if args.node_cache else None
     storage = bam.open(device)
-    shared = device.startswith(("emu-gpu:shm=", "emu:shm="))
+    # Shared memory, a file, an SSD: one medium for every process of the host, loaded once.
+    shared = not in_process_medium(device)
+    if args.page_size is None:
+        args.page_size = default_page_size(ds.row_bytes, storage)
     if placed and same_medium(placed.get("device", ""), device) and not in_process_medium(device):
         offset = int(placed["offset"])
         how = f"the table the dataset tool wrote at byte {offset}"
@@ -442,7 +477,7 @@ def bam_source(ds: Dataset, args: argparse.Namespace, dist: "Dist") -> Source:
                     "outlives it (emu-gpu:shm=NAME,size=..., a file, an SSD)" if in_process_medium(where)
                     else "(run without --device, or with that device)"))
         offset = 0
-        if not (shared and dist.on and dist.local_rank != 0):  # shared memory: the first process of the host loads it
+        if not (shared and dist.on and dist.local_rank != 0):  # a shared medium: the first process of the host loads it
             bam.load(storage, ds.memmap(), offset=0, progress=not args.quiet)
         how = f"loaded before training ({ds.nodes * ds.row_bytes} bytes)"
         if shared and dist.on:
@@ -459,6 +494,53 @@ def bam_source(ds: Dataset, args: argparse.Namespace, dist: "Dist") -> Source:
                   {"device": device, "cache_mib": args.cache_mib, "page_size": args.page_size, "placement": how,
                    "cache_layout": layout},
                   cache.stats)
+
+
+def bam_graph(ds: Dataset, args: argparse.Namespace, dist: "Dist") -> tuple:
+    """The CSR's neighbour ids as a bam.Array, read through a page cache of
+    their own when sampling: for a graph larger than a GPU's memory. They are
+    loaded from the dataset's indices file onto --graph-device (default:
+    shared memory that every process of a torchrun job reads, emu-gpu:ram
+    without torchrun); with --node-cache the processes build one graph cache
+    together too. The offsets stay in GPU memory (8 bytes a node). Returns the
+    array and what the JSON records."""
+    try:
+        import bam
+    except ImportError as e:
+        fail(f"--graph bam needs the bam package (pip install ./python): {e}")
+    t0 = time.perf_counter()
+    dtype = ds.indices.dtype.name
+    if dtype not in ("int32", "int64") or not ds.indices.dtype.isnative:
+        fail(f"--graph bam: neighbour ids must be int32 or int64 in this machine's byte order, the dataset's are "
+             f"{ds.indices.dtype.str}")
+    if ds.indices.shape[0] == 0:
+        fail("--graph bam: the graph has no edges")
+    mib = max(64, math.ceil(ds.indices.nbytes / (1 << 20)) + 1)
+    device = args.graph_device
+    if not device and dist.on:
+        token = [secrets.token_hex(6) if dist.main else None]
+        torch.distributed.broadcast_object_list(token, src=0)
+        device = f"emu-gpu:shm=sage-graph-{token[0]},size={mib}M,unlink"
+    device = device or f"emu-gpu:ram={mib}M"
+    shared = not in_process_medium(device)  # one medium for every process of the host, loaded once
+    if args.node_cache and not shared:
+        fail(f"--graph bam --node-cache: one cache over the processes reads one medium, and {device} lives in one "
+             "process (name shared memory, a file or an SSD with --graph-device, or leave it out)")
+    group = bam.CacheGroup.from_torch() if args.node_cache else None
+    storage = bam.open(device)
+    if not (shared and dist.on and dist.local_rank != 0):  # a shared medium: the first process of the host loads it
+        bam.load(storage, ds.indices, offset=0, progress=not args.quiet)
+    if shared and dist.on:
+        torch.distributed.barrier()
+    cache = bam.PageCache(page_size=args.graph_page_size, capacity=args.graph_cache_mib << 20, group=group)
+    array = bam.Array(cache, storage, (ds.indices.shape[0],), dtype, 0)
+    if not args.quiet:
+        print(f"bam: neighbour ids ({ds.indices.nbytes / 2**30:.2f} GiB) on {device}, sampled through "
+              f"{args.graph_cache_mib} MiB of {args.graph_page_size}-byte pages on each GPU"
+              + (", one cache over the processes' GPUs" if group else ""))
+    return array, {"where": "bam", "device": device, "cache_mib": args.graph_cache_mib,
+                   "page_size": args.graph_page_size, "node_cache": bool(group),
+                   "setup_s": time.perf_counter() - t0}
 
 
 # ---- training --------------------------------------------------------------------
@@ -645,13 +727,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--device", help="bam's device string (default: emu-gpu:ram sized to the table)")
     p.add_argument("--cache-mib", type=int, default=1024, help="bam's page cache")
     p.add_argument("--page-size", type=int, help="bam's cache page size (default: a row rounded up to a power of "
-                   "two, 512 to 4096 bytes: a random row then moves no bytes beside it)")
+                   "two, 512 to 4096 bytes, at least the storage's block size)")
     p.add_argument("--node-cache", action="store_true",
                    help="under torchrun: the processes build one page cache together, --cache-mib on each GPU, one "
                         "copy of a page for all (bam.CacheGroup.from_torch()); default: a cache per process")
     p.add_argument("--headroom-gib", type=float, default=4.0,
                    help="memory the memory and uva modes leave free beside the table (the graph, the training); a "
                         "mode whose table does not fit is skipped, with the reason")
+    p.add_argument("--graph", choices=("memory", "bam"), default="memory",
+                   help="where sampling reads the neighbour ids: memory (the CSR in each GPU's memory) or bam "
+                        "(through a bam page cache, for a graph larger than a GPU; the offsets stay in memory)")
+    p.add_argument("--graph-device", help="with --graph bam: the medium the neighbour ids are loaded onto (default: "
+                   "shared memory under torchrun, else emu-gpu:ram)")
+    p.add_argument("--graph-cache-mib", type=int, help="with --graph bam: the graph's page cache (default 1024)")
+    p.add_argument("--graph-page-size", type=int, help="with --graph bam: its page size (default 4096)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--fanouts", default="15,10,5", help="neighbours sampled per layer")
@@ -688,8 +777,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         fail("--torch-device cuda: torch sees no CUDA GPU (--torch-device cpu runs the memory and memmap modes)")
     if args.node_cache and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         fail("--node-cache: one cache for the processes torchrun starts; run under torchrun --nproc-per-node N")
-    if args.node_cache and "bam" not in modes:
-        fail("--node-cache is the cache of mode bam: add bam to --features")
+    if args.node_cache and "bam" not in modes and args.graph != "bam":
+        fail("--node-cache is the cache of mode bam (and of --graph bam): add bam to --features")
+    if args.graph == "bam" and args.torch_device != "cuda":
+        fail("--graph bam samples on a CUDA GPU; without one, keep the graph in memory (--graph memory)")
+    if args.graph != "bam" and (args.graph_device or args.graph_cache_mib is not None
+                                or args.graph_page_size is not None):
+        fail("--graph-device, --graph-cache-mib and --graph-page-size are for --graph bam")
+    if args.graph == "bam":
+        args.graph_cache_mib = 1024 if args.graph_cache_mib is None else args.graph_cache_mib
+        args.graph_page_size = 4096 if args.graph_page_size is None else args.graph_page_size
     if "bam" in modes and args.torch_device != "cuda":
         fail("mode bam gathers on a CUDA GPU; without one, run --features memory,memmap --torch-device cpu")
     dist = init_dist(args.torch_device)
@@ -704,8 +801,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.quiet = True
 
     ds = open_dataset(args.dataset)
-    if args.page_size is None:
-        args.page_size = min(4096, max(512, 1 << (ds.row_bytes - 1).bit_length()))
     if args.features is None and ds.features_file is None:
         modes.remove("memmap")  # nothing to map: the table is only on its device
     if args.labels is None and os.path.isfile(os.path.join(ds.root, "labels.npy")):
@@ -717,7 +812,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     splits = (torch.from_numpy(train_np).to(device), torch.from_numpy(val_np).to(device))
     labels = torch.from_numpy(labels_np).to(device)
     args.classes = max(args.classes, int(labels.max()) + 1)
-    graph = (to_torch(ds.indptr, device), to_torch(ds.indices, device))
+    graph_info: Dict[str, object] = {"where": "memory"}
+    if args.graph == "bam":
+        indices, graph_info = bam_graph(ds, args, dist)
+    else:
+        indices = to_torch(ds.indices, device)
+    graph = (to_torch(ds.indptr, device), indices)
     def reference(ids: torch.Tensor) -> torch.Tensor:
         return torch.from_numpy(ds.rows(ids.cpu().numpy()))
 
@@ -770,7 +870,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                            "dim": ds.dim, "dtype": ds.dtype.name},
                "settings": {k: getattr(args, k) for k in ("epochs", "batch_size", "fanouts", "hidden", "lr", "classes",
                                                           "train_nodes", "val_nodes", "seed", "cache_mib", "page_size",
-                                                          "node_cache", "headroom_gib")},
+                                                          "node_cache", "headroom_gib", "graph")},
+               "graph": {**graph_info,
+                         **({"cache_stats_first_process": graph[1].stats()} if args.graph == "bam" else {})},
                "results": results}
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -21,25 +21,25 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "gnn", 
 NODES, DIM, DEGREE = 3000, 16, 8
 
 
-def write_dataset(root, header_bytes=0):
+def write_dataset(root, header_bytes=0, nodes=NODES, degree=DEGREE):
     """A random undirected graph in CSR and float32 features, as `bam-gnn make` lays them out."""
     rng = np.random.default_rng(3)
-    src = rng.integers(0, NODES, NODES * DEGREE // 2)
-    dst = rng.integers(0, NODES, NODES * DEGREE // 2)
+    src = rng.integers(0, nodes, nodes * degree // 2)
+    dst = rng.integers(0, nodes, nodes * degree // 2)
     u, v = np.concatenate([src, dst]), np.concatenate([dst, src])
     order = np.argsort(u, kind="stable")
     indices = v[order].astype(np.int32)
-    indptr = np.zeros(NODES + 1, dtype=np.int64)
-    np.cumsum(np.bincount(u, minlength=NODES), out=indptr[1:])
+    indptr = np.zeros(nodes + 1, dtype=np.int64)
+    np.cumsum(np.bincount(u, minlength=nodes), out=indptr[1:])
     np.save(os.path.join(root, "indptr.npy"), indptr)
     np.save(os.path.join(root, "indices.npy"), indices)
-    feats = rng.standard_normal((NODES, DIM)).astype(np.float32)
+    feats = rng.standard_normal((nodes, DIM)).astype(np.float32)
     with open(os.path.join(root, "features.bin"), "wb") as f:
         f.write(b"\0" * header_bytes)
         f.write(feats.tobytes())
     manifest = {
-        "format": "bam-gnn-dataset", "version": 1, "nodes": NODES, "edges": int(indices.shape[0]), "undirected": True,
-        "graph": {"source": "test", "seed": 3, "rmat_abc": [0.57, 0.19, 0.19], "requested_degree": DEGREE,
+        "format": "bam-gnn-dataset", "version": 1, "nodes": nodes, "edges": int(indices.shape[0]), "undirected": True,
+        "graph": {"source": "test", "seed": 3, "rmat_abc": [0.57, 0.19, 0.19], "requested_degree": degree,
                   "indptr": {"file": "indptr.npy", "dtype": "int64"}, "indices": {"file": "indices.npy", "dtype": "int32"}},
         "features": {"dim": DIM, "dtype": "float32", "row_bytes": DIM * 4, "source": "test", "seed": 3,
                      "file": "features.bin", "file_offset": header_bytes},
@@ -52,7 +52,7 @@ def write_dataset(root, header_bytes=0):
 def run(root, out, *extra):
     cmd = [sys.executable, SCRIPT, str(root), "--epochs", "4", "--batch-size", "256", "--fanouts", "5,5",
            "--hidden", "32", "--classes", "4", "--train-nodes", "1500", "--val-nodes", "1000", "--lr", "0.01",
-           "--json", str(out), "--quiet", *extra]
+           "--json", str(out), "--quiet", "--headroom-gib", "0", *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     with open(out) as f:
@@ -64,7 +64,7 @@ def run_two_processes(root, *extra):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", SCRIPT,
            str(root), "--epochs", "4", "--batch-size", "128", "--fanouts", "5,5", "--hidden", "32", "--classes", "4",
            "--train-nodes", "1500", "--val-nodes", "1000", "--lr", "0.01", "--json", str(root / "r.json"), "--quiet",
-           *extra]
+           "--headroom-gib", "0", *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     with open(root / "r.json") as f:
@@ -98,7 +98,6 @@ def test_memory_and_memmap_train_alike_on_the_cpu(tmp_path):
     # Same rows, same batches, same seed: the same training, loss for loss.
     assert [e["loss"] for e in by["memory"]["epochs"]] == [e["loss"] for e in by["memmap"]["epochs"]]
     assert "vs memory" in text
-    assert res["settings"]["page_size"] == 512  # 64-byte rows: the smallest page by default
     # Memory per process: host only on the CPU; the memory mode holds the table.
     mem = by["memory"]["memory"]
     assert set(mem) == {"host_own_bytes_max_per_process", "host_shared_bytes_max_per_process"}
@@ -205,6 +204,7 @@ def test_bam_gathers_the_same_rows_and_trains_like_memory(tmp_path):
     write_dataset(tmp_path)
     res, _ = run(tmp_path, tmp_path / "r.json", "--features", "bam,memory", "--cache-mib", "1")
     by = {r["mode"]: r for r in res["results"]}
+    assert by["bam"]["page_size"] == 512  # 64-byte rows: the smallest page by default
     assert by["bam"]["checked_batches"] == 2
     assert by["bam"]["cache_stats"]["misses"] > 0
     assert by["bam"]["final_val_accuracy"] > 0.5
@@ -277,6 +277,58 @@ def test_two_gpus_under_torchrun_train_like_memory(tmp_path, node_cache):
     losses_bam = [e["loss"] for e in by["bam"]["epochs"]]
     losses_mem = [e["loss"] for e in by["memory"]["epochs"]]
     assert losses_bam == pytest.approx(losses_mem, rel=1e-4)
+
+
+def test_graph_options_are_refused_where_they_cannot_work(tmp_path):
+    write_dataset(tmp_path)
+    for extra, message in ((["--graph", "bam"], "--graph bam samples on a CUDA GPU"),
+                           (["--graph-cache-mib", "8"], "are for --graph bam")):
+        r = subprocess.run([sys.executable, SCRIPT, str(tmp_path), "--features", "memory", "--torch-device", "cpu",
+                            *extra], capture_output=True, text=True, timeout=300)
+        assert r.returncode != 0 and message in r.stderr, r.stderr
+
+
+@pytest.mark.gpu
+def test_sampling_through_bam_trains_like_the_graph_in_memory(tmp_path):
+    """--graph bam: the neighbour ids read through a page cache far smaller
+    than them give the same batches, so the same training, as the CSR in GPU
+    memory."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    pytest.importorskip("bam")
+    write_dataset(tmp_path, nodes=40_000, degree=16)  # 640,000 ids: 2.4 MiB
+    mem, _ = run(tmp_path, tmp_path / "m.json", "--features", "memory")
+    res, text = run(tmp_path, tmp_path / "b.json", "--features", "memory", "--graph", "bam", "--graph-cache-mib", "1",
+                    "--graph-page-size", "512")
+    assert res["settings"]["graph"] == "bam" and mem["settings"]["graph"] == "memory"
+    g = res["graph"]
+    assert g["where"] == "bam" and g["device"].startswith("emu-gpu:ram=") and g["page_size"] == 512
+    # 1 MiB of 512-byte pages holds 2,048 of the ids' 5,000 pages: more misses than pages means
+    # pages were evicted and read again, and every id still came back right (the same training).
+    pages = -(-np.load(tmp_path / "indices.npy", mmap_mode="r").nbytes // 512)
+    assert g["cache_stats_first_process"]["misses"] > pages
+    assert [e["loss"] for e in res["results"][0]["epochs"]] == pytest.approx(
+        [e["loss"] for e in mem["results"][0]["epochs"]], rel=1e-4)
+
+
+@pytest.mark.gpu
+def test_two_gpus_sample_through_one_graph_cache(tmp_path):
+    """torchrun, --graph bam --node-cache: the ids loaded once into shared
+    memory, one graph cache over both GPUs (each GPU reads ids homed on the
+    other); the training is that of the same job with the graph in memory."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs")
+    pytest.importorskip("bam")
+    write_dataset(tmp_path)
+    ref = run_two_processes(tmp_path, "--features", "memory")
+    by = run_two_processes(tmp_path, "--features", "memory", "--node-cache", "--graph", "bam", "--graph-cache-mib",
+                           "128", "--graph-page-size", "512")
+    with open(tmp_path / "r.json") as f:
+        g = json.load(f)["graph"]
+    assert g["where"] == "bam" and g["node_cache"] and g["device"].startswith("emu-gpu:shm=sage-graph-")
+    assert g["cache_stats_first_process"]["misses"] > 0
+    assert [e["loss"] for e in by["memory"]["epochs"]] == pytest.approx(
+        [e["loss"] for e in ref["memory"]["epochs"]], rel=1e-4)
 
 
 @pytest.mark.gpu

@@ -3,7 +3,6 @@
 """summary.json and train-sage-papers100m.png from round1/ and round2/:
 epoch time and feature-gather rate per run and mode, both rounds."""
 import json
-import os
 import pathlib
 
 here = pathlib.Path(__file__).resolve().parent
