@@ -68,6 +68,7 @@ import secrets
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
@@ -325,8 +326,12 @@ def uva_source(ds: Dataset, device: torch.device) -> Source:
         table = cp.ndarray((ds.nodes, ds.dim), dtype=cp.float32, memptr=cp.cuda.MemoryPointer(mem, 0))
 
     def gather(ids: torch.Tensor) -> torch.Tensor:
-        with cp.cuda.Device(gpu), cp.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream):
-            rows = cp.take(table, cp.from_dlpack(ids.contiguous()), axis=0)
+        with cp.cuda.Device(gpu):
+            with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream, which older CuPy needs
+                warnings.simplefilter("ignore", DeprecationWarning)
+                stream = cp.cuda.ExternalStream(torch.cuda.current_stream(device).cuda_stream)
+            with stream:
+                rows = cp.take(table, cp.from_dlpack(ids.contiguous()), axis=0)
         return torch.from_dlpack(rows)
 
     return Source("uva", gather, time.perf_counter() - t0,
@@ -481,7 +486,7 @@ def bam_source(ds: Dataset, args: argparse.Namespace, dist: "Dist") -> Source:
             bam.load(storage, ds.memmap(), offset=0, progress=not args.quiet)
         how = f"loaded before training ({ds.nodes * ds.row_bytes} bytes)"
         if shared and dist.on:
-            torch.distributed.barrier()
+            dist.barrier()
     cache = bam.PageCache(page_size=args.page_size, capacity=args.cache_mib << 20, group=group)
     array = bam.Array(cache, storage, (ds.nodes, ds.dim), "float32", offset)
     store = FeatureStore()
@@ -531,7 +536,7 @@ def bam_graph(ds: Dataset, args: argparse.Namespace, dist: "Dist") -> tuple:
     if not (shared and dist.on and dist.local_rank != 0):  # a shared medium: the first process of the host loads it
         bam.load(storage, ds.indices, offset=0, progress=not args.quiet)
     if shared and dist.on:
-        torch.distributed.barrier()
+        dist.barrier()
     cache = bam.PageCache(page_size=args.graph_page_size, capacity=args.graph_cache_mib << 20, group=group)
     array = bam.Array(cache, storage, (ds.indices.shape[0],), dtype, 0)
     if not args.quiet:
@@ -598,6 +603,13 @@ class Dist:
     @property
     def main(self) -> bool:
         return self.rank == 0
+
+    def barrier(self) -> None:
+        """Every process of the job waits for the others (on this process's GPU under NCCL)."""
+        if torch.distributed.get_backend() == "nccl":
+            torch.distributed.barrier(device_ids=[torch.cuda.current_device()])
+        else:
+            torch.distributed.barrier()
 
     def reduce(self, values: List[float], op: str, device: torch.device) -> List[float]:
         if not self.on:
@@ -844,7 +856,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             torch.cuda.empty_cache()
 
     if dist.on:
-        torch.distributed.barrier()
+        dist.barrier()
         torch.distributed.destroy_process_group()
         if not dist.main:
             return 0
