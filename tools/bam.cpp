@@ -12,6 +12,7 @@
 //   bam dump DEVICE FILE --length 4G [--offset 1G]
 //   bam checksum FILE                 XXH3-128, as load and dump print it
 //   bam map FILE [--device DEVICE] [--verify]
+//   bam map PATH --image IMAGE | --fs-device DEVICE [--verify]
 //                                     where a file's blocks are on its disk, which
 //                                     path reads it, and (--verify) reading it that way
 //   bam shm list | remove NAME...     shared memory of shm=NAME device strings
@@ -509,8 +510,9 @@ int cmd_checksum(const common_options& co, const std::string& file) {
 
 struct map_args {
   std::string file;
-  std::string image;  // a file system image: `file` is a path inside it
-  std::string device; // empty: the path plan_file_access chooses
+  std::string image;     // a file system image: `file` is a path inside it
+  std::string fs_device; // a device whose namespace holds the file system: `file` is a path inside it
+  std::string device;    // empty: the path plan_file_access chooses
   std::uint32_t nsid = 0;
   bool allow_holes = false;
   bool verify = false;
@@ -522,8 +524,30 @@ int cmd_map(const common_options& co, const map_args& a) {
   mo.allow_holes = a.allow_holes;
   std::string device = a.device, reason, path_kind;
   std::optional<bam::extent_map> map;
-  std::string want_checksum; // of the file as its file system reads it (--verify)
-  if (!a.image.empty()) {
+  std::string want_checksum;                           // of the file as its file system reads it (--verify)
+  std::vector<std::unique_ptr<bam::controller>> fs_cs; // --fs-device's controller, kept for --verify
+  if (!a.fs_device.empty()) {
+#if defined(BAM_HAVE_LIBEXT2FS)
+    fs_cs = open_device(a.fs_device, 0, 0);
+    bam::controller& ctrl = single(fs_cs, a.fs_device);
+    const std::uint32_t nsid = a.nsid != 0 ? a.nsid : 1;
+    const bam::fs_image img(bam::fs_medium_of(ctrl, nsid));
+    map = img.map(a.file, mo);
+    device = a.fs_device;
+    path_kind = "on_device";
+    reason = "a file of the ext2/3/4 file system on namespace " + std::to_string(nsid) + " of " + a.fs_device +
+             ", read with NVMe commands (no mount)";
+    if (a.verify) {
+      bam::detail::xxh128_stream fs_read;
+      img.read(a.file, [&](const unsigned char* p, std::size_t n) { fs_read.update(p, n); });
+      want_checksum = fs_read.hex();
+    }
+#else
+    bam::tools::tool_fail("--fs-device needs libext2fs, and this bam was built without it (install libext2fs-dev "
+                          "comerr-dev and build bam again)",
+                          ENOTSUP);
+#endif
+  } else if (!a.image.empty()) {
 #if defined(BAM_HAVE_LIBEXT2FS)
     const bam::fs_image img(a.image);
     map = img.map(a.file, mo);
@@ -559,7 +583,7 @@ int cmd_map(const common_options& co, const map_args& a) {
     j["partition"] = d.partition;
     j["partition_start"] = d.partition_start;
     j["lba_size"] = d.lba_size;
-    j["nsid"] = d.nsid;
+    j["nsid"] = !a.fs_device.empty() ? (a.nsid != 0 ? a.nsid : 1u) : d.nsid;
     j["wwid"] = d.wwid;
     j["raw_extents"] = map->raw_extents();
     j["runs"] = map->runs();
@@ -574,17 +598,19 @@ int cmd_map(const common_options& co, const map_args& a) {
     j["first_runs"] = runs;
   }
   if (a.verify) {
-    auto cs = open_device(device, 0, 0);
-    bam::controller& ctrl = single(cs, device);
+    std::vector<std::unique_ptr<bam::controller>> opened;
+    if (fs_cs.empty()) opened = open_device(device, 0, 0);
+    bam::controller& ctrl = single(fs_cs.empty() ? opened : fs_cs, device);
+    const bool in_fs = !a.image.empty() || !a.fs_device.empty(); // a path inside a file system bam reads itself
     const std::uint64_t size = map ? map->file_size() : std::filesystem::file_size(a.file);
     bam::detail::xxh128_stream through;
     std::vector<unsigned char> buf(std::min<std::uint64_t>(size, 4ull << 20));
     const double t0 = static_cast<double>(bam::detail::now_ns());
-    if (!a.device.empty() || !a.image.empty()) {
+    if (!a.device.empty() || in_fs) {
       // A device given by hand is the disk's controller, read at the map's
       // LBAs: the disk's namespace id (sysfs) by default. An image is its namespace 1.
       const std::uint32_t nsid = a.nsid != 0 ? a.nsid : map->device().nsid != 0 ? map->device().nsid : 1;
-      if (a.image.empty()) bam::check_same_namespace(ctrl, nsid, *map);
+      if (!in_fs) bam::check_same_namespace(ctrl, nsid, *map);
       for (std::uint64_t off = 0; off < size; off += buf.size()) {
         const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), size - off));
         bam::read_mapped(ctrl, nsid, *map, off, buf.data(), n);
@@ -601,7 +627,7 @@ int cmd_map(const common_options& co, const map_args& a) {
       }
     }
     const double secs = (static_cast<double>(bam::detail::now_ns()) - t0) / 1e9;
-    const std::string got = through.hex(), want = a.image.empty() ? bam::file_checksum(a.file) : want_checksum;
+    const std::string got = through.hex(), want = in_fs ? want_checksum : bam::file_checksum(a.file);
     j["verify"] = {{"checksum_through_device", got},
                    {"checksum_through_file_system", want},
                    {"equal", got == want},
@@ -783,15 +809,22 @@ int main(int argc, char** argv) {
   map_args ma;
   auto* map = app.add_subcommand(
       "map", "where a file's blocks lie on its disk (FIEMAP), which path reads it, and --verify reads it that way");
-  map->add_option("file", ma.file, "file on a local file system (with --image: a path inside the image)")->required();
+  map->add_option("file", ma.file,
+                  "file on a local file system (with --image or --fs-device: a path inside that file system)")
+      ->required();
   map->add_option("--image", ma.image,
                   "an ext2/3/4 file system image (or block device) holding the file, read without mounting it")
       ->check(CLI::ExistingPath);
+  map->add_option(
+      "--fs-device", ma.fs_device,
+      "the device whose namespace (--nsid, default 1) holds the ext2/3/4 file system, e.g. an SSD bound to bam's "
+      "driver that the kernel cannot mount: read with NVMe commands");
   map->add_option("--device", ma.device,
                   "read the raw blocks through this device string (e.g. /dev/bam-nvme1, the file's namespace); "
                   "default: a read-only software controller over the file's disk, or over the file itself");
   map->add_option("--nsid", ma.nsid,
-                  "namespace of --device holding the file system (default: the disk's namespace id, else 1)")
+                  "namespace of --device or --fs-device holding the file system (default: the disk's namespace "
+                  "id, else 1)")
       ->check(CLI::Range(1u, 0xfffffffeu));
   map->add_flag("--allow-holes", ma.allow_holes, "read holes and unwritten extents as zeroes instead of refusing");
   map->add_flag("--verify", ma.verify, "read the whole file through the device and compare its checksum");
@@ -835,11 +868,16 @@ int main(int argc, char** argv) {
   try {
     for (const size_arg& a : sizes)
       if (a.option->count() != 0) *a.target = bam::parse_size(a.text, a.name);
-    for (const std::string* d : {&device, &ta.device, &ma.device})
+    for (const std::string* d : {&device, &ta.device, &ma.device, &ma.fs_device})
       if (!d->empty()) bam::parse_device(*d);
     if (*bind || *unbind) pci = bam::tools::normalize_pci_address(pci);
-    if (*map && ma.image.empty() && !std::filesystem::is_regular_file(ma.file))
-      throw bam::error("map: " + ma.file + ": no such file (a path inside an image needs --image IMAGE)");
+    if (*map && ma.image.empty() && ma.fs_device.empty() && !std::filesystem::is_regular_file(ma.file))
+      throw bam::error("map: " + ma.file +
+                       ": no such file (a path inside an image needs --image IMAGE, one inside a file system on a "
+                       "device --fs-device DEVICE)");
+    if (*map && !ma.fs_device.empty() && (!ma.image.empty() || !ma.device.empty()))
+      throw bam::error("map: --fs-device reads the file system and the file on one device: leave out --image "
+                       "and --device");
   } catch (const bam::error& e) {
     return usage_error(co, app, e.what());
   }

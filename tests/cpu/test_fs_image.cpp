@@ -3,6 +3,10 @@
 // changed by debugfs (no root, no mount). Every map is checked against the
 // bytes: each run read from the image at its offset equals the source file.
 #include <bam/file/fs_image.hpp>
+#include <bam/file/mapped_file.hpp>
+#include <bam/host.hpp>
+#include <bam/transport/device_string.hpp>
+#include <bam/transport/open.hpp>
 
 #include "../scratch_dir.hpp"
 
@@ -22,6 +26,7 @@
 #include <functional>
 #include <optional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -502,4 +507,74 @@ TEST_CASE("a directory of a million files: listed, mapped as one set and checked
     CHECK_THAT(std::string(e.what()), ContainsSubstring("/flat/e654321"));
     CHECK_THAT(std::string(e.what()), ContainsSubstring("no longer a regular file"));
   }
+}
+
+TEST_CASE("a file system read through a controller's namespace: the same maps, bytes and checks as its image",
+          "[fs_image][controller]") {
+  // The SSD of a bam user is bound to bam's driver, so the kernel cannot mount
+  // it: the file system is read with NVMe commands. Here the namespace is a
+  // software controller over the image file.
+  scratch s;
+  fs::create_directories(s.dir / "src" / "d");
+  const auto big = random_bytes(700 * 1024 + 5, 21);
+  const auto small = random_bytes(5 * 1024 + 3, 22);
+  write_file(s.dir / "src" / "big.bin", big);
+  write_file(s.dir / "src" / "d" / "small.bin", small);
+  const fs::path image = s.dir / "ns.img";
+  make_image(image, s.dir / "src", "ext4", 8, "-O ^has_journal");
+  bam::controller ctrl(bam::open_host_transports(bam::parse_device("emu:file=" + image.string() + ",queues=2")).at(0));
+
+  const bam::fs_medium medium = bam::fs_medium_of(ctrl, 1, 1);
+  CHECK(medium.bytes == fs::file_size(image));
+  CHECK(medium.lba_size == 512);
+  const bam::fs_image on_ns(medium);
+  const bam::fs_image in_file(image.string());
+  CHECK(on_ns.block_size() == in_file.block_size());
+  CHECK(on_ns.files("/") == in_file.files("/"));
+  for (const auto& [path, want] : {std::pair{"/big.bin", &big}, std::pair{"/d/small.bin", &small}}) {
+    INFO(path);
+    const bam::extent_map m = on_ns.map(path);
+    const bam::extent_map f = in_file.map(path);
+    const auto me = m.extents(), fe = f.extents();
+    REQUIRE(me.size() == fe.size());
+    REQUIRE(me.size() > 0);
+    for (std::size_t i = 0; i < me.size(); ++i) {
+      CHECK(me[i].file_offset == fe[i].file_offset);
+      CHECK(me[i].disk_offset == fe[i].disk_offset);
+      CHECK(me[i].length == fe[i].length);
+    }
+    CHECK(m.lba_size() == 512);
+    CHECK_THAT(m.path(), ContainsSubstring(ctrl.name()));
+    require_map_reads(m, image, *want);
+    // The file's bytes by block reads on the same namespace, and the change check through it.
+    std::vector<unsigned char> got(want->size());
+    bam::read_mapped(ctrl, 1, m, 0, got.data(), got.size());
+    CHECK(got == *want);
+  }
+  const bam::file_set set = on_ns.map_files("/");
+  CHECK(set.size() == 2);
+  CHECK_NOTHROW(set.check_unchanged());
+
+  // A change written to the namespace's file system fails the maps (ESTALE).
+  const bam::extent_map kept = on_ns.map("/d/small.bin");
+  write_file(s.dir / "other.src", random_bytes(9 * 1024, 23));
+  {
+    std::ofstream cmds(s.dir / "cmds");
+    cmds << "rm /d/small.bin\nwrite " << (s.dir / "other.src").string() << " /d/small.bin\n";
+  }
+  run("debugfs -w -f " + (s.dir / "cmds").string() + " " + image.string());
+  try {
+    kept.check_unchanged();
+    FAIL("the map of a replaced file passed its check");
+  } catch (const bam::error& e) {
+    CHECK(e.context().errnum == ESTALE);
+  }
+
+  // A namespace without a file system, and a reader that fails, are refused with the reason.
+  bam::controller blank(bam::open_host_transports(bam::parse_device("emu:ram=4M")).at(0));
+  CHECK_THROWS_WITH(bam::fs_image(bam::fs_medium_of(blank, 1)),
+                    ContainsSubstring("namespace 1") && ContainsSubstring("as an ext2/3/4 file system"));
+  bam::fs_medium failing = medium;
+  failing.read = [](std::uint64_t, void*, std::size_t) { throw std::runtime_error("the medium stopped answering"); };
+  CHECK_THROWS_WITH(bam::fs_image(failing), ContainsSubstring("the medium stopped answering"));
 }

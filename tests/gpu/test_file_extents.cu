@@ -6,6 +6,7 @@
 // fragmented (pages that span several runs), sparse (holes read as zeroes)
 // and a file whose size is not a whole number of pages; writes are refused.
 #include <bam/bam.cuh>
+#include <bam/file/fs_image.hpp>
 
 #include "file_image.hpp"
 #include "test_util.cuh"
@@ -20,6 +21,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 using Catch::Matchers::ContainsSubstring;
@@ -107,6 +109,42 @@ TEST_CASE("arrays over the files of an ext4 image: GPU threads read them through
     bam::array<std::uint32_t> a(cache, st, img.sparse_map);
     CHECK(same(read_all(a, warp_copies), img.sparse));
   }
+}
+
+TEST_CASE("array::open(cache, path, storage): the file system on the storage's namespace, read there", "[gpu][files]") {
+  // What a user of an SSD bound to bam's driver does: no mount, no image file
+  // on this machine; the file system is read through the storage itself.
+  bam::storage st("emu-gpu:ram=8M");
+  const test_fs_image& img = ext4_test_image(st.lba_size());
+  load(img.path, st);
+  const std::uint32_t page = GENERATE(4096u, 16384u);
+  CAPTURE(page);
+  bam::page_cache cache({.page_size = page, .capacity = 64 * page}); // smaller than the files
+  for (const auto& [path, want, map] : {std::tuple{"/fragmented.bin", &img.fragmented, &img.fragmented_map},
+                                        std::tuple{"/contiguous.bin", &img.contiguous, &img.contiguous_map}}) {
+    CAPTURE(path);
+    auto a = bam::array<std::uint32_t>::open(cache, path, st);
+    CHECK(a.size() == want->size());
+    CHECK_THAT(a.source(), ContainsSubstring(path) && ContainsSubstring(std::to_string(map->runs()) + " run(s)"));
+    CHECK(same(read_all(a, page == 4096), *want));
+  }
+  auto refused = [&](const bam::storage& where, const std::string& path) -> std::string {
+    try {
+      auto a = bam::array<std::uint32_t>::open(cache, path, where);
+    } catch (const bam::error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  CHECK_THAT(refused(st, "/no-such.bin"), ContainsSubstring("/no-such.bin"));
+  CHECK_THAT(refused(st, "/sparse.bin"), ContainsSubstring("hole"));
+  bam::storage blank("emu-gpu:ram=8M");
+  CHECK_THAT(refused(blank, "/contiguous.bin"), ContainsSubstring("ext2/3/4 file system"));
+  bam::storage two("emu-gpu:ram=8M,ssds=2");
+  CHECK_THAT(refused(two, "/contiguous.bin"), ContainsSubstring("2 controllers"));
+  // The cache still serves the file arrays it had, and the storage's own bytes.
+  bam::array<std::uint32_t> again(cache, st, img.fragmented_map);
+  CHECK(same(read_all(again, false), img.fragmented));
 }
 
 TEST_CASE("an array over a file is read-only, and a map that does not fit the storage is refused", "[gpu][files]") {

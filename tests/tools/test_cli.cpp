@@ -415,6 +415,45 @@ TEST_CASE("bam map --image maps and verifies a file inside an ext4 image, withou
 #endif
 }
 
+TEST_CASE("bam map --fs-device maps and verifies a file of the file system on a device's namespace", "[cli][map]") {
+#if !defined(BAM_HAVE_LIBEXT2FS)
+  SKIP("bam was built without libext2fs");
+#else
+  // An SSD bound to bam's driver cannot be mounted: bam reads its file system with NVMe commands.
+  // Here the namespace is a software controller over the image file.
+  temp_dir d;
+  const fs::path feats = d.path / "tree" / "sub" / "features.bin";
+  fs::create_directories(feats.parent_path());
+  random_file(feats.string(), 200001, 9);
+  const std::string image = d / "disk.img";
+  const std::string mkfs = "PATH=/usr/sbin:/sbin:$PATH mkfs.ext4 -q -F -b 1024 -O ^has_journal -d " + (d / "tree") +
+                           " " + image + " 4M > /dev/null 2>&1";
+  if (std::system(mkfs.c_str()) != 0) SKIP("mkfs.ext4 is not here");
+  const std::string dev = "emu:file=" + image;
+  json j = bam_json(d, {"map", "/sub/features.bin", "--fs-device", dev, "--verify"});
+  CHECK(j["path"] == "on_device");
+  CHECK(j["device"] == dev);
+  CHECK(j["nsid"] == 1);
+  CHECK(j["size"] == 200001);
+  CHECK(j["verify"]["equal"] == true);
+  CHECK(j["verify"]["checksum_through_device"] == bam::file_checksum(feats.string()));
+  // The same runs as the image read as a file.
+  const json by_image = bam_json(d, {"map", "--image", image, "/sub/features.bin"});
+  CHECK(j["runs"] == by_image["runs"]);
+  CHECK(j["first_runs"] == by_image["first_runs"]);
+  run_result r = run_bam(d, {"map", "/sub/missing.bin", "--fs-device", dev});
+  CHECK(r.status == 1);
+  CHECK(r.err.find("no such file in the file system") != std::string::npos);
+  r = run_bam(d, {"map", "/sub/features.bin", "--fs-device", "emu:ram=4M"});
+  CHECK(r.status == 1);
+  CHECK(r.err.find("ext2/3/4 file system") != std::string::npos);
+  CHECK(r.err.find("Bad magic number in super-block") != std::string::npos); // libext2fs's words, not a code
+  r = run_bam(d, {"map", "/sub/features.bin", "--fs-device", dev, "--image", image});
+  CHECK(r.status == 2);
+  CHECK(r.err.find("leave out --image") != std::string::npos);
+#endif
+}
+
 namespace {
 
 std::size_t count_lines(const std::string& s) { return static_cast<std::size_t>(std::count(s.begin(), s.end(), '\n')); }

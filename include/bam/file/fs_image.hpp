@@ -21,6 +21,11 @@
 //!   for (const auto& e : m.extents()) ...           // file offset -> image offset, length
 //!   bam::file_set set = img.map_files("/train");    // every regular file below /train, by index
 //! @endcode
+//!
+//! The file system may also be read through any reader of bytes, a
+//! `bam::fs_medium`: e.g. NVMe read commands on the namespace of an SSD bound
+//! to bam's driver, which the kernel cannot mount (`bam::fs_medium_of` in
+//! bam/file/mapped_file.hpp). The maps are then in that namespace's LBAs.
 #pragma once
 
 #if !defined(BAM_HAVE_LIBEXT2FS)
@@ -30,6 +35,7 @@
 #include <bam/error.hpp>
 #include <bam/file/extent_map.hpp>
 #include <bam/file/file_set.hpp>
+#include <bam/file/fs_medium.hpp>
 
 #include <ext2fs/ext2fs.h> // declares com_err's error_message inside its extern "C"
 #include <linux/fiemap.h>
@@ -37,13 +43,140 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <new>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 namespace bam {
+
+namespace detail {
+
+//! libext2fs's I/O manager for `fs_medium`s: a channel's name is a key of
+//! `fs_media()`, under which `fs_image` put the medium while it opened it.
+struct fs_medium_channel {
+  std::shared_ptr<const fs_medium> medium;
+  std::uint64_t fs_offset = 0;
+};
+
+struct fs_medium_registry {
+  std::mutex lock;
+  std::uint64_t next = 0;
+  std::unordered_map<std::string, std::pair<std::shared_ptr<const fs_medium>, std::uint64_t>> open; // + fs offset
+};
+
+inline fs_medium_registry& fs_media() {
+  static fs_medium_registry r;
+  return r;
+}
+
+inline io_manager fs_medium_io_manager();
+
+//! What a medium's reader threw last on this thread (libext2fs sees only EIO).
+inline thread_local std::string fs_medium_error;
+
+inline errcode_t fs_medium_open(const char* name, int flags, io_channel* channel) {
+  if ((flags & IO_FLAG_RW) != 0) return EXT2_ET_RO_FILSYS;
+  std::shared_ptr<const fs_medium> medium;
+  std::uint64_t offset = 0;
+  {
+    fs_medium_registry& r = fs_media();
+    std::lock_guard g(r.lock);
+    const auto it = r.open.find(name);
+    if (it == r.open.end()) return EXT2_ET_BAD_DEVICE_NAME;
+    std::tie(medium, offset) = it->second;
+  }
+  auto* ch = new (std::nothrow) struct_io_channel{};
+  char* copy = ::strdup(name);
+  auto* priv = new (std::nothrow) fs_medium_channel{std::move(medium), offset};
+  if (ch == nullptr || copy == nullptr || priv == nullptr) {
+    delete ch;
+    std::free(copy);
+    delete priv;
+    return EXT2_ET_NO_MEMORY;
+  }
+  ch->magic = EXT2_ET_MAGIC_IO_CHANNEL;
+  ch->manager = fs_medium_io_manager();
+  ch->name = copy;
+  ch->block_size = 1024;
+  ch->refcount = 1;
+  ch->private_data = priv;
+  *channel = ch;
+  return 0;
+}
+
+inline errcode_t fs_medium_close(io_channel ch) {
+  if (--ch->refcount > 0) return 0;
+  delete static_cast<fs_medium_channel*>(ch->private_data);
+  std::free(ch->name);
+  delete ch;
+  return 0;
+}
+
+inline errcode_t fs_medium_set_blksize(io_channel ch, int blksize) {
+  ch->block_size = blksize;
+  return 0;
+}
+
+inline errcode_t fs_medium_read64(io_channel ch, unsigned long long block, int count, void* data) {
+  auto& c = *static_cast<fs_medium_channel*>(ch->private_data);
+  // A negative count is a number of bytes, a positive one of blocks.
+  const std::uint64_t n = count < 0 ? static_cast<std::uint64_t>(-static_cast<long long>(count))
+                                    : static_cast<std::uint64_t>(count) * static_cast<std::uint64_t>(ch->block_size);
+  const std::uint64_t at = c.fs_offset + block * static_cast<std::uint64_t>(ch->block_size);
+  if (at > c.medium->bytes || n > c.medium->bytes - at) {
+    std::memset(data, 0, n);
+    return EXT2_ET_SHORT_READ;
+  }
+  try {
+    c.medium->read(at, data, n);
+  } catch (const std::exception& e) {
+    fs_medium_error = e.what();
+    std::memset(data, 0, n);
+    return EIO;
+  } catch (...) { // nothing may unwind through libext2fs's C code
+    fs_medium_error = "the medium's reader failed";
+    std::memset(data, 0, n);
+    return EIO;
+  }
+  return 0;
+}
+
+inline errcode_t fs_medium_read(io_channel ch, unsigned long block, int count, void* data) {
+  return fs_medium_read64(ch, block, count, data);
+}
+
+inline errcode_t fs_medium_write(io_channel, unsigned long, int, const void*) { return EXT2_ET_RO_FILSYS; }
+inline errcode_t fs_medium_write64(io_channel, unsigned long long, int, const void*) { return EXT2_ET_RO_FILSYS; }
+inline errcode_t fs_medium_flush(io_channel) { return 0; }
+
+inline io_manager fs_medium_io_manager() {
+  static struct_io_manager m = [] {
+    struct_io_manager x{};
+    x.magic = EXT2_ET_MAGIC_IO_MANAGER;
+    x.name = "bam fs_medium";
+    x.open = fs_medium_open;
+    x.close = fs_medium_close;
+    x.set_blksize = fs_medium_set_blksize;
+    x.read_blk = fs_medium_read;
+    x.write_blk = fs_medium_write;
+    x.flush = fs_medium_flush;
+    x.read_blk64 = fs_medium_read64;
+    x.write_blk64 = fs_medium_write64;
+    return x;
+  }();
+  return &m;
+}
+
+} // namespace detail
 
 //! An ext2/3/4 file system opened read-only through libext2fs.
 class fs_image {
@@ -61,8 +194,37 @@ public:
     image_dev_ = st.st_dev;
     image_ino_ = st.st_ino;
     const std::string io_options = fs_offset != 0 ? "offset=" + std::to_string(fs_offset) : std::string();
+    const errcode_t e = ext2fs_open2(image_.c_str(), io_options.empty() ? nullptr : io_options.c_str(),
+                                     EXT2_FLAG_64BITS, 0, 0, unix_io_manager, &fs_);
+    if (e != 0) {
+      fs_ = nullptr;
+      fail("opening " + image_ + (fs_offset != 0 ? " at byte " + std::to_string(fs_offset) : std::string()) +
+               " as an ext2/3/4 file system",
+           e);
+    }
+  }
+  //! The file system on `medium`, starting `fs_offset` bytes into it; the
+  //! maps count in `medium.lba_size` blocks of the medium. `medium.read` (and
+  //! what it reads through, e.g. a controller) must stay valid while this
+  //! object and its maps' change checks are used.
+  //! @throw bam::error when the medium cannot be read or holds no ext2/3/4 file system
+  explicit fs_image(fs_medium medium, std::uint64_t fs_offset = 0)
+      : image_(medium.name), offset_(fs_offset), lba_size_(medium.lba_size), image_bytes_(medium.bytes),
+        medium_(std::make_shared<const fs_medium>(std::move(medium))) {
+    detail::fs_medium_registry& r = detail::fs_media();
+    std::string key;
+    {
+      std::lock_guard g(r.lock);
+      key = "bam-fs-medium:" + std::to_string(r.next++);
+      r.open.emplace(key, std::make_pair(medium_, offset_));
+    }
+    detail::fs_medium_error.clear();
     const errcode_t e =
-        ext2fs_open2(image_.c_str(), io_options.empty() ? nullptr : io_options.c_str(), 0, 0, 0, unix_io_manager, &fs_);
+        ext2fs_open2(key.c_str(), nullptr, EXT2_FLAG_64BITS, 0, 0, detail::fs_medium_io_manager(), &fs_);
+    {
+      std::lock_guard g(r.lock);
+      r.open.erase(key); // the channel holds the medium now
+    }
     if (e != 0) {
       fs_ = nullptr;
       fail("opening " + image_ + (fs_offset != 0 ? " at byte " + std::to_string(fs_offset) : std::string()) +
@@ -77,7 +239,8 @@ public:
   fs_image& operator=(const fs_image&) = delete;
   fs_image(fs_image&& o) noexcept
       : image_(std::move(o.image_)), offset_(o.offset_), lba_size_(o.lba_size_), image_bytes_(o.image_bytes_),
-        image_dev_(o.image_dev_), image_ino_(o.image_ino_), fs_(std::exchange(o.fs_, nullptr)) {}
+        image_dev_(o.image_dev_), image_ino_(o.image_ino_), medium_(std::move(o.medium_)),
+        fs_(std::exchange(o.fs_, nullptr)) {}
 
   const std::string& image() const { return image_; }
   //! The file system's block size in bytes.
@@ -173,7 +336,8 @@ private:
   std::vector<std::pair<std::string, ext2_ino_t>> files_with_inodes(const std::string& dir) const {
     ext2_ino_t ino = 0;
     if (const errcode_t e = ext2fs_namei(fs_, EXT2_ROOT_INO, EXT2_ROOT_INO, dir.c_str(), &ino); e != 0)
-      fail(where(dir) + ": no such directory in the file system", e, ENOENT);
+      fail(where(dir) + (e == EXT2_ET_FILE_NOT_FOUND ? ": no such directory in the file system" : ": looking it up"), e,
+           e == EXT2_ET_FILE_NOT_FOUND ? ENOENT : EIO);
     if (ext2fs_check_directory(fs_, ino) != 0) {
       error_context c;
       c.errnum = ENOTDIR;
@@ -227,15 +391,20 @@ private:
   //! (and still the same file), each file looked up. It returns what changed
   //! ("" if nothing) and the changed file's path into its argument.
   file_set::change_check files_check(std::vector<std::pair<std::string, file_stamp>> files) const {
-    return [image = image_, offset = offset_, lba = lba_size_, dev = image_dev_, ino = image_ino_,
+    return [image = image_, offset = offset_, lba = lba_size_, dev = image_dev_, ino = image_ino_, medium = medium_,
             files = std::move(files)](std::string& changed) -> std::string {
       changed = image;
-      struct stat now {};
-      if (::stat(image.c_str(), &now) != 0) return "the image is gone";
-      if (now.st_dev != dev || now.st_ino != ino) return "the image is another file now (replaced or renamed over)";
+      if (!medium) {
+        struct stat now {};
+        if (::stat(image.c_str(), &now) != 0) return "the image is gone";
+        if (now.st_dev != dev || now.st_ino != ino) return "the image is another file now (replaced or renamed over)";
+      }
       std::optional<fs_image> again;
       try {
-        again.emplace(image, offset, lba);
+        if (medium)
+          again.emplace(fs_medium(*medium), offset);
+        else
+          again.emplace(image, offset, lba);
       } catch (const std::exception& e) {
         return std::string("the image can no longer be read as a file system (") + e.what() + ")";
       }
@@ -274,7 +443,8 @@ private:
   ext2_ino_t lookup(const std::string& path) const {
     ext2_ino_t ino = 0;
     if (const errcode_t e = ext2fs_namei(fs_, EXT2_ROOT_INO, EXT2_ROOT_INO, path.c_str(), &ino); e != 0)
-      fail(where(path) + ": no such file in the file system", e, ENOENT);
+      fail(where(path) + (e == EXT2_ET_FILE_NOT_FOUND ? ": no such file in the file system" : ": looking it up"), e,
+           e == EXT2_ET_FILE_NOT_FOUND ? ENOENT : EIO);
     return ino;
   }
   //! Inode `ino` (the file `path`) into `inode`; it must be a regular file.
@@ -354,7 +524,15 @@ private:
   [[noreturn]] static void fail(const std::string& what, errcode_t e, int errnum = EIO) {
     error_context c;
     c.errnum = errnum;
-    throw error(what + ": " + ::error_message(e), c); // com_err names errno and libext2fs codes alike
+    // com_err names errno and libext2fs codes alike, once libext2fs's table is registered.
+    static const bool registered = (::initialize_ext2_error_table(), true);
+    (void)registered;
+    std::string why = ::error_message(e);
+    if (!detail::fs_medium_error.empty()) { // what a medium's reader said, where libext2fs saw only EIO
+      why += " (" + detail::fs_medium_error + ")";
+      detail::fs_medium_error.clear();
+    }
+    throw error(what + ": " + why, c);
   }
   std::uint64_t align_up(std::uint64_t n) const { return (n + block_size() - 1) / block_size() * block_size(); }
 
@@ -417,7 +595,18 @@ private:
   std::uint64_t image_bytes_ = 0;
   dev_t image_dev_ = 0; //!< the image file this object read (its maps' checks compare with it)
   ino_t image_ino_ = 0;
+  std::shared_ptr<const fs_medium> medium_; //!< the medium read, when not a file or device of this machine
   ext2_filsys fs_ = nullptr;
 };
+
+namespace detail {
+template <class>
+struct fs_image_type;
+//! What `bam::array<T>::open(cache, path, storage)` reads file systems with.
+template <>
+struct fs_image_type<void> {
+  using type = fs_image;
+};
+} // namespace detail
 
 } // namespace bam

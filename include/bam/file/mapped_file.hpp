@@ -13,6 +13,9 @@
 //!                                          overwrites bytes of the file in its
 //!                                          allocated blocks (map made with
 //!                                          for_writing); never allocates
+//!   fs_medium_of(ctrl, nsid)               the namespace as a medium of bam::fs_image:
+//!                                          a file system on an SSD bound to bam's
+//!                                          driver, read by NVMe commands
 //!   plan_file_access(path)                 which device string reads `path`
 //!                                          (emu:extents=PATH or emu:file=PATH,ro),
 //!                                          and why
@@ -28,6 +31,7 @@
 
 #include <bam/driver/controller.hpp>
 #include <bam/file/extent_map.hpp>
+#include <bam/file/fs_medium.hpp>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -35,6 +39,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -146,6 +152,42 @@ inline void check_same_namespace(const controller& ctrl, std::uint32_t nsid, con
              w->serial + "' (wwid " + d.wwid + "), this is namespace " + std::to_string(nsid) + " of '" + model +
              "' serial '" + serial + "'");
   }
+}
+
+//! Namespace `nsid` of `ctrl` as a `fs_medium`: bytes read with NVMe read
+//! commands on I/O queue `queue` through a bounce buffer of at most 1 MiB
+//! (and the controller's transfer limit; one read at a time, also from the
+//! copies the maps' change checks keep; other threads should not use
+//! `queue` meanwhile), so that `bam::fs_image` reads the
+//! file system of an SSD bound to bam's driver and maps its files in the
+//! namespace's LBAs. `ctrl` must outlive the medium and what is made from it
+//! (the fs_image, its maps' change checks).
+inline fs_medium fs_medium_of(controller& ctrl, std::uint32_t nsid, std::uint32_t queue = 0) {
+  const namespace_info& ns = ctrl.ns(nsid);
+  const std::uint64_t lbs = ns.lba_size;
+  std::uint64_t chunk = std::min<std::uint64_t>(1ull << 20, ctrl.max_transfer_bytes());
+  chunk = std::max<std::uint64_t>(chunk / lbs * lbs, lbs);
+  std::shared_ptr<dma_region> bounce = ctrl.transport().alloc(chunk);
+  auto one_at_a_time = std::make_shared<std::mutex>(); // the bounce buffer and the queue, for every copy of the medium
+  fs_medium m;
+  m.name = ctrl.name() + " namespace " + std::to_string(nsid);
+  m.bytes = ns.blocks * lbs;
+  m.lba_size = ns.lba_size;
+  m.read = [&ctrl, nsid, queue, bounce, one_at_a_time, lbs, chunk](std::uint64_t offset, void* dst, std::size_t n) {
+    const std::lock_guard hold(*one_at_a_time);
+    auto* out = static_cast<unsigned char*>(dst);
+    while (n > 0) {
+      const std::uint64_t skip = offset % lbs;
+      const std::uint64_t take = std::min<std::uint64_t>(n, chunk - skip);
+      const auto blocks = static_cast<std::uint32_t>((skip + take + lbs - 1) / lbs);
+      ctrl.read(nsid, offset / lbs, blocks, *bounce, 0, queue);
+      std::memcpy(out, bounce->as<unsigned char>() + skip, take);
+      out += take;
+      offset += take;
+      n -= static_cast<std::size_t>(take);
+    }
+  };
+  return m;
 }
 
 //! Reads `len` bytes of the mapped file from byte `offset` into `dst`, with

@@ -42,12 +42,15 @@
 #include <bam/file/mapped_file.hpp>
 #include <bam/runtime/array_ref.cuh>
 #include <bam/runtime/page_cache.cuh>
+#include <bam/file/fs_medium.hpp>
 #include <bam/runtime/storage.cuh>
 
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <algorithm>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -56,6 +59,11 @@
 namespace bam {
 
 namespace detail {
+//! `bam::fs_image` once bam/file/fs_image.hpp is included (it needs
+//! libext2fs): what `array::open(cache, path, storage)` reads file systems with.
+template <class>
+struct fs_image_type;
+
 //! A file's extent map copied to device memory: its runs and a handle to them.
 struct device_extent_map {
   device_buffer<std::uint64_t> start, lba;
@@ -71,6 +79,15 @@ struct device_extent_map {
     BAM_CUDA_TRY(cudaStreamSynchronize(stream));
   }
 };
+
+//! Warps copy elements [begin, begin + count) of `a` into `out`, 4096 each.
+template <class T>
+__global__ void copy_range_kernel(array_ref<T> a, std::uint64_t begin, std::uint64_t count, T* out) {
+  constexpr std::uint64_t per_warp = 4096;
+  const std::uint64_t at = (static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32 * per_warp;
+  if (at >= count) return; // the whole warp alike
+  (void)a.copy_to(begin + at, count - at < per_warp ? count - at : per_warp, out + at);
+}
 } // namespace detail
 
 //! Owning host object: attaches `n` elements at `start_lba` of a storage to a cache.
@@ -175,6 +192,80 @@ public:
     const bam::storage s(a.device + (options.empty() ? "" : "," + options));
     array arr(cache, s, bytes / sizeof(T), 0, stream);
     arr.source_ = a.device + ": " + a.reason;
+    return arr;
+  }
+
+  //! An array over the file `path` of the ext2/3/4 file system on `s` (its
+  //! one controller's namespace, the file system from byte `fs_offset`),
+  //! read by GPU threads through the file's extent map as the constructor
+  //! over an `extent_map` does: for a file system on an SSD bound to bam's
+  //! driver, which the kernel cannot mount, or on a software controller's
+  //! media that hold a disk image. The file system itself (superblock,
+  //! inodes, extent trees) is read from `s` through `cache` first, by an
+  //! array of the namespace's bytes (whole pages of the cache) that is
+  //! detached once the map is made. The array does not watch the file
+  //! afterwards; `source()` says where it reads. Include
+  //! bam/file/fs_image.hpp (libext2fs: BAM_HAVE_LIBEXT2FS) to use it.
+  //! @throw bam::error for a storage of several controllers, a cache over
+  //! several GPUs, a namespace without an ext2/3/4 file system, a path that
+  //! is not a regular file there, a file system that uses the namespace's
+  //! last blocks when they are not a whole page of the cache, every refusal
+  //! of `fs_image::map` and of the constructor over a map.
+  template <class Image = void>
+  static array open(page_cache& cache, const std::string& path, const bam::storage& s, std::uint64_t fs_offset = 0,
+                    cuda::stream_ref stream = {}) {
+    using fs_image = typename detail::fs_image_type<Image>::type;
+    const device_scope on(s.device());
+    if (s.controller_count() != 1)
+      throw error("bam::array::open: " + s.name() + " has " + std::to_string(s.controller_count()) +
+                  " controllers; a file system lies on one controller's namespace");
+    if (cache.devices().size() != 1)
+      throw error("bam::array::open: arrays over a file system's files are not served by a cache over several GPUs "
+                  "yet; use a cache of one GPU");
+    const extent_map file = [&] {
+      // The namespace as bytes, whole pages of the cache.
+      if (cache.page_size() % s.lba_size() != 0)
+        throw error("bam::array::open: pages of " + std::to_string(cache.page_size()) +
+                    " bytes are not a multiple of " + s.name() + "'s " + std::to_string(s.lba_size()) + "-byte LBAs");
+      const std::uint64_t page_blocks = cache.page_size() / s.lba_size();
+      const std::uint64_t whole = s.blocks_per_controller() / page_blocks * cache.page_size();
+      if (whole == 0) throw error("bam::array::open: " + s.name() + " is smaller than one page of the cache");
+      constexpr std::uint64_t chunk = 1ull << 20;
+      std::shared_ptr<array<std::uint8_t>> disk;
+      try {
+        disk = std::make_shared<array<std::uint8_t>>(cache, s, whole, 0, stream);
+      } catch (const error& e) {
+        throw error::wrap("bam::array::open: reading the file system on " + s.name() + " through the cache", e);
+      }
+      auto staging = std::make_shared<device_buffer<std::uint8_t>>(chunk);
+      fs_medium medium;
+      medium.name = s.name();
+      medium.bytes = s.blocks_per_controller() * s.lba_size();
+      medium.lba_size = s.lba_size();
+      medium.read = [disk, staging, stream, chunk, whole, name = s.name()](std::uint64_t offset, void* dst,
+                                                                           std::size_t n) {
+        if (offset + n > whole)
+          throw error("the file system reads the last " + std::to_string(offset + n - whole) + " bytes of " + name +
+                      ", past its last whole page of the cache: use pages that divide the namespace");
+        auto* out = static_cast<std::uint8_t*>(dst);
+        for (std::uint64_t done = 0; done < n;) {
+          const std::uint64_t take = std::min<std::uint64_t>(n - done, chunk);
+          const auto warps = static_cast<unsigned>((take + 4095) / 4096);
+          detail::copy_range_kernel<<<(warps + 7) / 8, 256, 0, stream.get()>>>(disk->ref(), offset + done, take,
+                                                                               staging->get());
+          BAM_CUDA_TRY(cudaGetLastError());
+          copy_to_host(out + done, staging->get(), static_cast<std::size_t>(take), stream.get());
+          BAM_CUDA_TRY(cudaStreamSynchronize(stream.get()));
+          disk->check(stream); // a failed read throws here, naming the LBA
+          done += take;
+        }
+      };
+      const fs_image image(std::move(medium), fs_offset);
+      return image.map(path);
+    }();
+    array arr(cache, s, file, stream);
+    arr.source_ = s.name() + ": " + path + " of the file system on it, its " + std::to_string(file.runs()) +
+                  " run(s) read by GPU threads through its extent map";
     return arr;
   }
 
