@@ -519,6 +519,21 @@ struct map_args {
   std::size_t show_runs = 16;
 };
 
+#if defined(BAM_HAVE_LIBEXT2FS)
+//! XXH3-128 of the file `path` of `img` as its file system reads it (what --verify compares with).
+std::string fs_checksum(const bam::fs_image& img, const std::string& path) {
+  bam::detail::xxh128_stream fs_read;
+  img.read(path, [&](const unsigned char* p, std::size_t n) { fs_read.update(p, n); });
+  return fs_read.hex();
+}
+#else
+[[noreturn]] void needs_libext2fs(const std::string& option) {
+  bam::tools::tool_fail(option + " needs libext2fs, and this bam was built without it (install libext2fs-dev "
+                                 "comerr-dev and build bam again)",
+                        ENOTSUP);
+}
+#endif
+
 int cmd_map(const common_options& co, const map_args& a) {
   bam::extent_map_options mo;
   mo.allow_holes = a.allow_holes;
@@ -537,15 +552,9 @@ int cmd_map(const common_options& co, const map_args& a) {
     path_kind = "on_device";
     reason = "a file of the ext2/3/4 file system on namespace " + std::to_string(nsid) + " of " + a.fs_device +
              ", read with NVMe commands (no mount)";
-    if (a.verify) {
-      bam::detail::xxh128_stream fs_read;
-      img.read(a.file, [&](const unsigned char* p, std::size_t n) { fs_read.update(p, n); });
-      want_checksum = fs_read.hex();
-    }
+    if (a.verify) want_checksum = fs_checksum(img, a.file);
 #else
-    bam::tools::tool_fail("--fs-device needs libext2fs, and this bam was built without it (install libext2fs-dev "
-                          "comerr-dev and build bam again)",
-                          ENOTSUP);
+    needs_libext2fs("--fs-device");
 #endif
   } else if (!a.image.empty()) {
 #if defined(BAM_HAVE_LIBEXT2FS)
@@ -554,15 +563,9 @@ int cmd_map(const common_options& co, const map_args& a) {
     if (device.empty()) device = "emu:file=" + a.image + ",ro";
     path_kind = "image";
     reason = "a file of the ext2/3/4 file system in " + a.image + ", read through the image's blocks";
-    if (a.verify) {
-      bam::detail::xxh128_stream fs_read;
-      img.read(a.file, [&](const unsigned char* p, std::size_t n) { fs_read.update(p, n); });
-      want_checksum = fs_read.hex();
-    }
+    if (a.verify) want_checksum = fs_checksum(img, a.file);
 #else
-    bam::tools::tool_fail("--image needs libext2fs, and this bam was built without it (install libext2fs-dev "
-                          "comerr-dev and build bam again)",
-                          ENOTSUP);
+    needs_libext2fs("--image");
 #endif
   } else if (device.empty()) {
     bam::file_access fa = bam::plan_file_access(a.file, mo);

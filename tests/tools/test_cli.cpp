@@ -386,18 +386,29 @@ TEST_CASE("bam map says which path reads a file, and --verify reads it that way"
   }
 }
 
+#if defined(BAM_HAVE_LIBEXT2FS)
+namespace {
+//! A random file of `bytes` at `feats` (below d/tree) and a 4 MiB ext4 image of d/tree at `image`; false without
+//! mkfs.ext4.
+bool ext4_image_with(const temp_dir& d, const fs::path& feats, std::size_t bytes, unsigned seed,
+                     const std::string& image) {
+  fs::create_directories(feats.parent_path());
+  random_file(feats.string(), bytes, seed);
+  const std::string mkfs = "PATH=/usr/sbin:/sbin:$PATH mkfs.ext4 -q -F -b 1024 -O ^has_journal -d " + (d / "tree") +
+                           " " + image + " 4M > /dev/null 2>&1";
+  return std::system(mkfs.c_str()) == 0;
+}
+} // namespace
+#endif
+
 TEST_CASE("bam map --image maps and verifies a file inside an ext4 image, without mounting it", "[cli][map]") {
 #if !defined(BAM_HAVE_LIBEXT2FS)
   SKIP("bam was built without libext2fs");
 #else
   temp_dir d;
   const fs::path feats = d.path / "tree" / "sub" / "features.bin";
-  fs::create_directories(feats.parent_path());
-  random_file(feats.string(), 123457, 8);
   const std::string image = d / "disk.img";
-  const std::string mkfs = "PATH=/usr/sbin:/sbin:$PATH mkfs.ext4 -q -F -b 1024 -O ^has_journal -d " + (d / "tree") +
-                           " " + image + " 4M > /dev/null 2>&1";
-  if (std::system(mkfs.c_str()) != 0) SKIP("mkfs.ext4 is not here");
+  if (!ext4_image_with(d, feats, 123457, 8, image)) SKIP("mkfs.ext4 is not here");
   json j = bam_json(d, {"map", "--image", image, "/sub/features.bin", "--verify"});
   CHECK(j["path"] == "image");
   CHECK(j["device"] == "emu:file=" + image + ",ro");
@@ -423,12 +434,8 @@ TEST_CASE("bam map --fs-device maps and verifies a file of the file system on a 
   // Here the namespace is a software controller over the image file.
   temp_dir d;
   const fs::path feats = d.path / "tree" / "sub" / "features.bin";
-  fs::create_directories(feats.parent_path());
-  random_file(feats.string(), 200001, 9);
   const std::string image = d / "disk.img";
-  const std::string mkfs = "PATH=/usr/sbin:/sbin:$PATH mkfs.ext4 -q -F -b 1024 -O ^has_journal -d " + (d / "tree") +
-                           " " + image + " 4M > /dev/null 2>&1";
-  if (std::system(mkfs.c_str()) != 0) SKIP("mkfs.ext4 is not here");
+  if (!ext4_image_with(d, feats, 200001, 9, image)) SKIP("mkfs.ext4 is not here");
   const std::string dev = "emu:file=" + image;
   json j = bam_json(d, {"map", "/sub/features.bin", "--fs-device", dev, "--verify"});
   CHECK(j["path"] == "on_device");
