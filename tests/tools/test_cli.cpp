@@ -388,16 +388,20 @@ TEST_CASE("bam map says which path reads a file, and --verify reads it that way"
 
 #if defined(BAM_HAVE_LIBEXT2FS)
 namespace {
-//! A random file of `bytes` at `feats` (below d/tree) and a 4 MiB ext4 image of d/tree at `image`; false without
-//! mkfs.ext4.
-bool ext4_image_with(const temp_dir& d, const fs::path& feats, std::size_t bytes, unsigned seed,
-                     const std::string& image) {
-  fs::create_directories(feats.parent_path());
-  random_file(feats.string(), bytes, seed);
-  const std::string mkfs = "PATH=/usr/sbin:/sbin:$PATH mkfs.ext4 -q -F -b 1024 -O ^has_journal -d " + (d / "tree") +
-                           " " + image + " 4M > /dev/null 2>&1";
-  return std::system(mkfs.c_str()) == 0;
-}
+//! A directory holding tree/sub/features.bin (random bytes) and disk.img, a 4 MiB ext4 image of tree/.
+struct ext4_tree {
+  temp_dir d;
+  fs::path feats = d.path / "tree" / "sub" / "features.bin";
+  std::string image = d / "disk.img";
+  bool made = false; //!< false where mkfs.ext4 is missing
+  ext4_tree(std::size_t bytes, std::uint64_t seed) {
+    fs::create_directories(feats.parent_path());
+    random_file(feats.string(), bytes, seed);
+    const std::string mkfs = "PATH=/usr/sbin:/sbin:$PATH mkfs.ext4 -q -F -b 1024 -O ^has_journal -d " + (d / "tree") +
+                             " " + image + " 4M > /dev/null 2>&1";
+    made = std::system(mkfs.c_str()) == 0;
+  }
+};
 } // namespace
 #endif
 
@@ -405,10 +409,11 @@ TEST_CASE("bam map --image maps and verifies a file inside an ext4 image, withou
 #if !defined(BAM_HAVE_LIBEXT2FS)
   SKIP("bam was built without libext2fs");
 #else
-  temp_dir d;
-  const fs::path feats = d.path / "tree" / "sub" / "features.bin";
-  const std::string image = d / "disk.img";
-  if (!ext4_image_with(d, feats, 123457, 8, image)) SKIP("mkfs.ext4 is not here");
+  const ext4_tree t(123457, 8);
+  if (!t.made) SKIP("mkfs.ext4 is not here");
+  const temp_dir& d = t.d;
+  const fs::path& feats = t.feats;
+  const std::string& image = t.image;
   json j = bam_json(d, {"map", "--image", image, "/sub/features.bin", "--verify"});
   CHECK(j["path"] == "image");
   CHECK(j["device"] == "emu:file=" + image + ",ro");
@@ -432,10 +437,11 @@ TEST_CASE("bam map --fs-device maps and verifies a file of the file system on a 
 #else
   // An SSD bound to bam's driver cannot be mounted: bam reads its file system with NVMe commands.
   // Here the namespace is a software controller over the image file.
-  temp_dir d;
-  const fs::path feats = d.path / "tree" / "sub" / "features.bin";
-  const std::string image = d / "disk.img";
-  if (!ext4_image_with(d, feats, 200001, 9, image)) SKIP("mkfs.ext4 is not here");
+  const ext4_tree t(200001, 9);
+  if (!t.made) SKIP("mkfs.ext4 is not here");
+  const temp_dir& d = t.d;
+  const fs::path& feats = t.feats;
+  const std::string& image = t.image;
   const std::string dev = "emu:file=" + image;
   json j = bam_json(d, {"map", "/sub/features.bin", "--fs-device", dev, "--verify"});
   CHECK(j["path"] == "on_device");
