@@ -7,7 +7,9 @@
 // start) and read through controller B with bam::read_mapped, and every byte
 // is compared with read() through the file system. Every case prints one line
 // "BAMTEST CASE <name> PASS|FAIL <detail>" that the host collects; the exit
-// status is the number of failures.
+// status is the number of failures. Built with libext2fs (BAM_HAVE_LIBEXT2FS),
+// it also reads the partition's file system itself through controller B, as
+// on an SSD the kernel cannot mount, and maps the files the host put in.
 //
 //   bam_file_test DEV DIR
 //
@@ -27,6 +29,9 @@
 #include <bam/host.hpp>
 #include <bam/file/mapped_file.hpp>
 #include <bam/transport/pci.hpp>
+#if defined(BAM_HAVE_LIBEXT2FS)
+#include <bam/file/fs_image.hpp>
+#endif
 
 #include <fcntl.h>
 #include <linux/fiemap.h>
@@ -320,6 +325,39 @@ struct tester {
     plain_file("synced.bin", "file-synced", {});
   }
 
+  //! The partition's file system read by bam through controller B (NVMe
+  //! commands, no kernel): the files the host put in (on the disk before the
+  //! mount; later writes may still sit in the kernel's journal) map to the
+  //! runs FIEMAP gives, and read back as read() does.
+  void file_system_through_bam() {
+#if defined(BAM_HAVE_LIBEXT2FS)
+    guard("fs-read-through-bam", [&] {
+      const std::uint64_t start = bam::extent_map::of_file(path("small.bin")).device().partition_start;
+      const bam::fs_image fs(bam::fs_medium_of(*c, nsid, 1), start);
+      bool ok = true;
+      std::string detail = "partition at byte " + std::to_string(start);
+      for (const std::string name : {"big.bin", "small.bin"}) {
+        const bam::extent_map kernel = bam::extent_map::of_file(path(name));
+        const bam::extent_map own = fs.map("/" + name);
+        const auto k = kernel.extents(), o = own.extents();
+        bool same = k.size() == o.size() && !k.empty();
+        for (std::size_t i = 0; same && i < k.size(); ++i)
+          same = k[i].file_offset == o[i].file_offset && k[i].disk_offset == o[i].disk_offset &&
+                 k[i].length == o[i].length;
+        std::string bytes;
+        const bool equal = same && compare_file(name, own, bytes);
+        ok = ok && same && equal;
+        detail += "; " + name + ": " + std::to_string(o.size()) + " run(s), " +
+                  (same ? "as FIEMAP's" : "NOT as FIEMAP's (" + std::to_string(k.size()) + ")") +
+                  (equal ? ", bytes equal to read()" : same ? ", " + bytes : "");
+      }
+      report("fs-read-through-bam", ok, detail);
+    });
+#else
+    info("fs-read-through-bam", "not built: this program was built without libext2fs");
+#endif
+  }
+
   void sparse() {
     const std::string p = path("sparse.bin");
     guard("sparse-refused-without-holes", [&] {
@@ -410,6 +448,7 @@ int main(int argc, char** argv) {
       {"same-namespace", [&] { t.identity(); }},
       {"unsynced", [&] { t.unsynced(); }},
       {"files", [&] { t.files(); }},
+      {"fs-read-through-bam", [&] { t.file_system_through_bam(); }},
       {"sparse", [&] { t.sparse(); }},
       {"changed", [&] { t.changed(); }},
   };
