@@ -333,7 +333,7 @@ struct tester {
 #if defined(BAM_HAVE_LIBEXT2FS)
     guard("fs-read-through-bam", [&] {
       const std::uint64_t start = bam::extent_map::of_file(path("small.bin")).device().partition_start;
-      const bam::fs_image fs(bam::fs_medium_of(*c, nsid, 1), start);
+      const bam::fs_image fs(bam::fs_medium_of(*c, nsid), start);
       bool ok = true;
       std::string detail = "partition at byte " + std::to_string(start);
       for (const std::string name : {"big.bin", "small.bin"}) {
