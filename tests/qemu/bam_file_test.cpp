@@ -349,7 +349,9 @@ struct tester {
         ok = ok && same && equal;
         detail += "; " + name + ": " + std::to_string(o.size()) + " run(s), " +
                   (same ? "as FIEMAP's" : "NOT as FIEMAP's (" + std::to_string(k.size()) + ")") +
-                  (equal ? ", bytes equal to read()" : same ? ", " + bytes : "");
+                  (equal  ? ", bytes equal to read()"
+                   : same ? ", " + bytes
+                          : "");
       }
       report("fs-read-through-bam", ok, detail);
     });
