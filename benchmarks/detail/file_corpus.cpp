@@ -54,4 +54,33 @@ corpus make_corpus(const corpus_options& o, std::uint32_t lba_size) {
   return c;
 }
 
+large_file make_large_file(const std::string& dir, std::uint64_t bytes, std::uint32_t lba_size) {
+  if (bytes == 0 || bytes % 4096 != 0)
+    throw std::runtime_error("the large file must be a whole number of 4 KiB blocks");
+  large_file f;
+  const fs::path src = fs::path(dir) / "large";
+  fs::create_directories(src);
+  f.path = (src / "data.bin").string();
+  {
+    std::ofstream out(f.path, std::ios::binary);
+    std::vector<std::uint32_t> chunk(1u << 20);
+    for (std::uint64_t w = 0; w < bytes / 4;) {
+      const std::uint64_t take = std::min<std::uint64_t>(chunk.size(), bytes / 4 - w);
+      for (std::uint64_t k = 0; k < take; ++k)
+        chunk[k] = large_file_word(w + k);
+      out.write(reinterpret_cast<const char*>(chunk.data()), static_cast<std::streamsize>(take * 4));
+      w += take;
+    }
+    if (!out) throw std::runtime_error("writing " + f.path);
+  }
+  f.image = (fs::path(dir) / "large.img").string();
+  f.image_bytes = (bytes + bytes / 16 + (64ull << 20) + (1ull << 20) - 1) / (1ull << 20) * (1ull << 20);
+  const std::string mk = "PATH=/usr/sbin:/sbin:$PATH mkfs.ext4 -q -F -b 4096 -O ^has_journal -d " + src.string() + " " +
+                         f.image + " " + std::to_string(f.image_bytes / 1024) + "k > /dev/null 2>&1";
+  if (std::system(mk.c_str()) != 0) throw std::runtime_error("mkfs.ext4 -d failed: " + mk);
+  const bam::fs_image img(f.image, 0, lba_size);
+  f.map = img.map("/data.bin");
+  return f;
+}
+
 } // namespace bench

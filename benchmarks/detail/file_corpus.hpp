@@ -6,6 +6,7 @@
 #pragma once
 
 #include <bam/detail/macros.hpp>
+#include <bam/file/extent_map.hpp>
 #include <bam/file/file_set.hpp>
 
 #include <cstdint>
@@ -40,5 +41,25 @@ struct corpus {
 
 //! Writes the files, makes the image and maps it in blocks of `lba_size`.
 corpus make_corpus(const corpus_options& o, std::uint32_t lba_size);
+
+//! 4-byte word `w` of the one large file of make_large_file.
+BAM_HD inline std::uint32_t large_file_word(std::uint64_t w) {
+  std::uint64_t x = w ^ 0x2545f4914f6cdd1dull;
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  return static_cast<std::uint32_t>(x);
+}
+
+struct large_file {
+  std::string image;   //!< the ext4 image (4 KiB blocks)
+  std::string path;    //!< the file in the directory the image was made from
+  bam::extent_map map; //!< its extent map in the image, in blocks of lba_size
+  std::uint64_t image_bytes = 0;
+};
+
+//! One file of `bytes` (a multiple of 4 KiB) of large_file_word in `dir`,
+//! packed into an ext4 image by mkfs.ext4 -d and mapped in blocks of `lba_size`.
+large_file make_large_file(const std::string& dir, std::uint64_t bytes, std::uint32_t lba_size);
 
 } // namespace bench

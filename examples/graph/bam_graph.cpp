@@ -134,6 +134,10 @@ int main(int argc, char** argv) {
                   "how a warp reads a node's neighbours through the cache: copy (copy_to into shared memory; "
                   "default) or reader (warp-strided reads through array_ref::reader)");
     a->add_option("--offsets", ro.offsets, "where the offsets are read from: gpu (GPU memory; default) or cache");
+    a->add_option("--look-ahead", ro.look_ahead,
+                  "pages a warp brings in at once before reading a window of neighbour lists through the cache, "
+                  "up to 32 (default: from the cache's size; 0: none)")
+        ->check(CLI::Range(-1, 32));
     a->add_option("--runs", ro.runs, "runs, each with a cold cache (default: 4; pagerank 1); BFS: a root each");
     a->add_option("--root", ro.root, "BFS: this root for every run (default: roots drawn from --seed)");
     a->add_option("--seed", ro.seed, "BFS: the seed the roots are drawn from (default 1)");

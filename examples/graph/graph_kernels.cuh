@@ -68,6 +68,9 @@ struct pointer_source {
       f(p[j]);
     return 0;
   }
+  BAM_DEVICE unsigned look_ahead() const { return 0; }
+  BAM_DEVICE unsigned items_per_lane(std::uint64_t, std::uint64_t) const { return 1; }
+  BAM_DEVICE void prefetch_spans(std::uint64_t, std::uint64_t) const {}
 };
 
 //! Pages of 2^shift elements that [begin, end) spans.
@@ -75,12 +78,72 @@ BAM_DEVICE inline std::uint64_t pages_spanned(std::uint64_t begin, std::uint64_t
   return end > begin ? ((end - 1) >> shift) - (begin >> shift) + 1 : 0;
 }
 
+//! Whole-warp: each lane names a range [b, e) of `a` (empty when e <= b),
+//! the ranges in increasing order over the lanes; the warp brings in the
+//! first `ahead` (<= 32) distinct pages of 2^shift elements they span, a
+//! page per lane, all at once (bam::array_ref::prefetch), and holds none.
+template <class T>
+BAM_DEVICE void prefetch_spans(const array_ref<T>& a, unsigned shift, unsigned ahead, std::uint64_t b,
+                               std::uint64_t e) {
+  constexpr unsigned all = 0xffffffffu;
+  const unsigned lane = lane_of_thread();
+  std::uint64_t first = b >> shift;
+  const std::uint64_t stop = e > b ? ((e - 1) >> shift) + 1 : first; // pages [first, stop)
+  // A page an earlier lane's range reaches is that lane's: the latest stop before this lane.
+  std::uint64_t before = stop;
+  for (unsigned o = 1; o < 32; o *= 2) {
+    const std::uint64_t x = __shfl_up_sync(all, before, o);
+    if (lane >= o && x > before) before = x;
+  }
+  before = __shfl_up_sync(all, before, 1);
+  if (lane > 0 && before > first) first = before < stop ? before : stop;
+  const std::uint64_t mine = stop - first;
+  const unsigned n = static_cast<unsigned>(mine < ahead ? mine : ahead);
+  unsigned upto = n; // inclusive scan of n over the lanes
+  for (unsigned o = 1; o < 32; o *= 2) {
+    const unsigned x = __shfl_up_sync(all, upto, o);
+    if (lane >= o) upto += x;
+  }
+  const unsigned total = __shfl_sync(all, upto, 31);
+  const unsigned take = total < ahead ? total : ahead;
+  // Lane t brings in the t-th page of the union: the one of the lane whose share holds t.
+  std::uint64_t page = 0;
+  for (unsigned j = 0; j < 32; ++j) {
+    const unsigned end_j = __shfl_sync(all, upto, j), n_j = __shfl_sync(all, n, j);
+    const std::uint64_t first_j = __shfl_sync(all, first, j);
+    if (lane < end_j && lane >= end_j - n_j) page = first_j + (lane - (end_j - n_j));
+  }
+  a.prefetch(page << shift, lane < take);
+}
+
+//! Look-ahead of a cached source: `ahead` pages (0: none) a warp brings in
+//! at once before it reads a window of items' lists, and `nodes_per_page`
+//! (nodes / pages of the edge array) for the window's size.
+struct look_ahead_settings {
+  unsigned ahead = 0;
+  float nodes_per_page = 1;
+  //! Items a lane's share of a window holds, for `count` items drawn from
+  //! `nodes` in node order: about a page's worth of lists, 1 to 32.
+  BAM_DEVICE unsigned items_per_lane(std::uint64_t count, std::uint64_t nodes) const {
+    const float k = nodes_per_page * static_cast<float>(count) / static_cast<float>(nodes > 0 ? nodes : 1);
+    return k < 1.5f ? 1u : k > 32.0f ? 32u : static_cast<unsigned>(k + 0.5f);
+  }
+};
+
 template <class T>
 struct bam_copy_source {
   static constexpr bool through_cache = true;
   static constexpr unsigned chunk = 4096 / sizeof(T); //!< elements a warp copies at a time
   array_ref<T> a;
   unsigned page_shift = 0; //!< log2(elements per cache page)
+  look_ahead_settings ahead;
+  BAM_DEVICE unsigned look_ahead() const { return ahead.ahead; }
+  BAM_DEVICE unsigned items_per_lane(std::uint64_t count, std::uint64_t nodes) const {
+    return ahead.items_per_lane(count, nodes);
+  }
+  BAM_DEVICE void prefetch_spans(std::uint64_t b, std::uint64_t e) const {
+    graph::prefetch_spans(a, page_shift, ahead.ahead, b, e);
+  }
   BAM_DEVICE T get(std::uint64_t i) const { return a[i]; }
   BAM_DEVICE std::uint64_t pages(std::uint64_t begin, std::uint64_t end) const {
     return pages_spanned(begin, end, page_shift);
@@ -106,6 +169,14 @@ struct bam_reader_source {
   static constexpr bool through_cache = true;
   array_ref<T> a;
   unsigned page_shift = 0;
+  look_ahead_settings ahead;
+  BAM_DEVICE unsigned look_ahead() const { return ahead.ahead; }
+  BAM_DEVICE unsigned items_per_lane(std::uint64_t count, std::uint64_t nodes) const {
+    return ahead.items_per_lane(count, nodes);
+  }
+  BAM_DEVICE void prefetch_spans(std::uint64_t b, std::uint64_t e) const {
+    graph::prefetch_spans(a, page_shift, ahead.ahead, b, e);
+  }
   BAM_DEVICE T get(std::uint64_t i) const { return a[i]; }
   BAM_DEVICE std::uint64_t pages(std::uint64_t begin, std::uint64_t end) const {
     return pages_spanned(begin, end, page_shift);
@@ -148,7 +219,35 @@ struct graph_view {
   BAM_DEVICE void count(std::uint64_t seen) const {
     if (visits != nullptr && seen != 0) atomicAdd(visits, static_cast<unsigned long long>(seen));
   }
+  //! Whole-warp, through the cache with look-ahead: the lists of items
+  //! [i, end) of a warp's run, nodes node_of(item) in increasing order, are
+  //! read next; lane l takes items [i + l k, i + (l + 1) k) (k from the
+  //! run's density), the span of their lists (a single item's cut to
+  //! `limit` ids), and the warp brings in the first pages of those spans at
+  //! once. Returns the items the window covers (32 k).
+  template <class NodeOf>
+  BAM_DEVICE std::uint64_t prefetch_window(NodeOf node_of, std::uint64_t i, std::uint64_t end, unsigned k,
+                                           std::uint64_t limit) const {
+    const std::uint64_t first = i + std::uint64_t{lane_of_thread()} * k;
+    std::uint64_t b = 0, e = 0;
+    if (first < end) {
+      const std::uint64_t last = (first + k < end ? first + k : end) - 1;
+      const std::uint64_t v = node_of(first);
+      b = off.get(v);
+      if (k == 1) {
+        e = off.get(v + 1);
+        if (e - b > limit) e = b + limit;
+      } else {
+        e = off.get(node_of(last) + 1);
+      }
+    }
+    edg.prefetch_spans(b, e);
+    return std::uint64_t{32} * k;
+  }
 };
+
+//! Ids of a neighbour list read when a node is looked at whole.
+inline constexpr std::uint64_t whole_list = ~std::uint64_t{0};
 
 //! f(i) for the items i of [0, count) this warp takes, the whole warp on
 //! each. Through the cache a warp takes a run of consecutive items (the
@@ -156,33 +255,72 @@ struct graph_view {
 //! pages and have as many misses in flight, instead of waiting together on
 //! the same few pages, as consecutive items dealt to consecutive warps
 //! would. Elsewhere the items are dealt out with a grid stride.
-template <bool Runs, class F>
-BAM_DEVICE void for_warp_items(std::uint64_t count, F&& f) {
+//! With a look-ahead (`window(i, end)`, whole-warp, returning the items it
+//! covers, called when item i of a run is reached and the last window is
+//! used up) a run's lists are brought in a window at a time, many misses
+//! in flight per warp, instead of one page per item.
+template <bool Runs, class F, class Window>
+BAM_DEVICE void for_warp_items(std::uint64_t count, F&& f, Window&& window) {
   const std::uint64_t warps = std::uint64_t{gridDim.x} * blockDim.x / 32;
   const std::uint64_t w = (std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x) / 32;
   if constexpr (Runs) {
     const std::uint64_t run = (count + warps - 1) / warps;
     const std::uint64_t end = (w + 1) * run < count ? (w + 1) * run : count;
-    for (std::uint64_t i = w * run; i < end; ++i)
+    std::uint64_t covered = 0; // items [.., covered) are in a window brought in
+    for (std::uint64_t i = w * run; i < end; ++i) {
+      if (i >= covered) covered = i + window(i, end);
       f(i);
+    }
   } else {
     for (std::uint64_t i = w; i < count; i += warps)
       f(i);
   }
 }
+template <bool Runs, class F>
+BAM_DEVICE void for_warp_items(std::uint64_t count, F&& f) {
+  for_warp_items<Runs>(count, f, [](std::uint64_t i, std::uint64_t end) { return end - i; });
+}
+
+//! The look-ahead of a run of items from `list` (null: the items are the
+//! nodes), each list cut to `limit` ids; none unless the edges are read
+//! through the cache with look-ahead.
+template <class V>
+struct list_window {
+  const V& g;
+  const std::uint32_t* list;
+  unsigned k;
+  std::uint64_t limit;
+  BAM_DEVICE std::uint64_t operator()(std::uint64_t i, std::uint64_t end) const {
+    if constexpr (decltype(g.edg)::through_cache) {
+      if (g.edg.look_ahead() != 0)
+        return g.prefetch_window([&](std::uint64_t j) -> std::uint64_t { return list ? list[j] : j; }, i, end, k,
+                                 limit);
+    }
+    return end - i;
+  }
+};
+template <class V>
+BAM_DEVICE list_window<V> window_over(const V& g, const std::uint32_t* list, std::uint64_t count, std::uint64_t limit) {
+  return {g, list, g.edg.items_per_lane(count, g.nodes), limit};
+}
 
 //! A warp per node of list[0, count): f(v, begin, end) with the whole warp,
-//! then the pages it reported counted.
+//! then the pages it reported counted. The lists are read up to `limit`
+//! ids first (what the look-ahead brings in).
 template <class V, class F>
-BAM_DEVICE void warp_per_listed_node(const V& g, const std::uint32_t* list, std::uint64_t count, F&& f) {
+BAM_DEVICE void warp_per_listed_node(const V& g, const std::uint32_t* list, std::uint64_t count, F&& f,
+                                     std::uint64_t limit = whole_list) {
   std::uint64_t seen = 0;
-  for_warp_items<decltype(g.edg)::through_cache>(count, [&](std::uint64_t i) {
-    const std::uint32_t v = list[i];
-    std::uint64_t b, e;
-    g.warp_row(v, b, e, seen);
-    const std::uint64_t pages = f(v, b, e);
-    if (lane_of_thread() == 0) seen += pages;
-  });
+  for_warp_items<decltype(g.edg)::through_cache>(
+      count,
+      [&](std::uint64_t i) {
+        const std::uint32_t v = list[i];
+        std::uint64_t b, e;
+        g.warp_row(v, b, e, seen);
+        const std::uint64_t pages = f(v, b, e);
+        if (lane_of_thread() == 0) seen += pages;
+      },
+      window_over(g, list, count, limit));
   g.count(seen);
 }
 
@@ -210,27 +348,30 @@ template <class V>
 __global__ void bfs_bottom_up(V g, const std::uint32_t* unreached_nodes, std::uint64_t count, std::uint32_t* parent,
                               std::uint32_t* level, std::uint32_t cur) {
   const unsigned lane = lane_of_thread();
-  warp_per_listed_node(g, unreached_nodes, count, [&](std::uint32_t v, std::uint64_t b, std::uint64_t e) {
-    std::uint64_t read_to = b; // the pages of [b, read_to) are counted once, as a top-down read counts them
-    for (std::uint64_t c = b; c < e; c += bottom_up_chunk) {
-      std::uint32_t found = unreached;
-      read_to = e - c < bottom_up_chunk ? e : c + bottom_up_chunk;
-      g.edg.warp_range(c, read_to, [&](std::uint32_t u) {
-        if (found == unreached && level[u] == cur) found = u;
-      });
-      // A node reached in this step is at cur + 1, never cur: the other
-      // warps' writes do not change what this one finds.
-      const unsigned with = __ballot_sync(0xffffffffu, found != unreached);
-      if (with != 0) {
-        if (lane == static_cast<unsigned>(__ffs(with) - 1)) {
-          parent[v] = found;
-          level[v] = cur + 1;
+  warp_per_listed_node(
+      g, unreached_nodes, count,
+      [&](std::uint32_t v, std::uint64_t b, std::uint64_t e) {
+        std::uint64_t read_to = b; // the pages of [b, read_to) are counted once, as a top-down read counts them
+        for (std::uint64_t c = b; c < e; c += bottom_up_chunk) {
+          std::uint32_t found = unreached;
+          read_to = e - c < bottom_up_chunk ? e : c + bottom_up_chunk;
+          g.edg.warp_range(c, read_to, [&](std::uint32_t u) {
+            if (found == unreached && level[u] == cur) found = u;
+          });
+          // A node reached in this step is at cur + 1, never cur: the other
+          // warps' writes do not change what this one finds.
+          const unsigned with = __ballot_sync(0xffffffffu, found != unreached);
+          if (with != 0) {
+            if (lane == static_cast<unsigned>(__ffs(with) - 1)) {
+              parent[v] = found;
+              level[v] = cur + 1;
+            }
+            break;
+          }
         }
-        break;
-      }
-    }
-    return g.edg.pages(b, read_to);
-  });
+        return g.edg.pages(b, read_to);
+      },
+      bottom_up_chunk);
 }
 
 //! Direction-optimizing BFS goes bottom-up for a level whose frontier holds
@@ -478,20 +619,23 @@ __global__ void pagerank_pull(V g, const float* contrib, const float* rank, floa
   double change = 0;
   const double n = static_cast<double>(g.nodes);
   const double base = (1 - damping) / n + damping * sums[0] / n;
-  for_warp_items<decltype(g.edg)::through_cache>(g.nodes, [&](std::uint64_t v) {
-    std::uint64_t b, e;
-    g.warp_row(v, b, e, seen);
-    double sum = 0;
-    const std::uint64_t pages = g.edg.warp_range(b, e, [&](std::uint32_t u) { sum += contrib[u]; });
-    for (unsigned o = 16; o != 0; o /= 2)
-      sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane_of_thread() == 0) {
-      seen += pages;
-      const float r = static_cast<float>(base + damping * sum);
-      next[v] = r;
-      change += fabs(static_cast<double>(r) - rank[v]);
-    }
-  });
+  for_warp_items<decltype(g.edg)::through_cache>(
+      g.nodes,
+      [&](std::uint64_t v) {
+        std::uint64_t b, e;
+        g.warp_row(v, b, e, seen);
+        double sum = 0;
+        const std::uint64_t pages = g.edg.warp_range(b, e, [&](std::uint32_t u) { sum += contrib[u]; });
+        for (unsigned o = 16; o != 0; o /= 2)
+          sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (lane_of_thread() == 0) {
+          seen += pages;
+          const float r = static_cast<float>(base + damping * sum);
+          next[v] = r;
+          change += fabs(static_cast<double>(r) - rank[v]);
+        }
+      },
+      window_over(g, nullptr, g.nodes, whole_list));
   if (lane_of_thread() == 0 && change != 0) atomicAdd(sums + 1, change);
   g.count(seen);
 }

@@ -38,6 +38,7 @@ struct path_result {
   std::uint64_t checked = 0, failed = 0;
   std::string first_failure;
   std::uint64_t misses = 0, page_visits = 0; //!< bam: pages loaded, pages touched
+  unsigned look_ahead = 0;                   //!< bam: pages a warp brought in at once
   double total() const {
     double t = 0;
     for (const double s : seconds)
@@ -162,15 +163,37 @@ private:
 
 //! The edges array through the cache, read as `access` says, with the offsets
 //! in GPU memory (`d_off`) or through the cache too: fn(view).
+//! The look-ahead of reads through the cache: `requested` when >= 0, else
+//! as many pages per warp (up to 32) as leave three quarters of the cache
+//! to pages not brought in ahead while every warp `kernel` keeps resident
+//! on the GPU holds its window; 0 below 2 pages.
+template <class Kernel>
+unsigned look_ahead_pages(int requested, std::uint64_t cache_pages, Kernel kernel) {
+  if (requested >= 0) return static_cast<unsigned>(std::min(requested, 32));
+  int dev = 0, sms = 0, blocks = 0;
+  BAM_CUDA_TRY(cudaGetDevice(&dev));
+  BAM_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  BAM_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, gnn::block_threads, 0));
+  const std::uint64_t warps = std::uint64_t(std::max(blocks, 1)) * sms * warps_per_block;
+  const std::uint64_t ahead = std::min<std::uint64_t>(cache_pages / (4 * warps), 32);
+  return ahead < 2 ? 0 : static_cast<unsigned>(ahead);
+}
+
 template <class Fn>
 void with_cached_view(const run_options& o, cached_graph& cg, std::uint64_t nodes, const std::uint64_t* d_off,
                       Fn&& fn) {
   const unsigned shift = cg.edge_page_shift();
+  const std::uint64_t edge_pages = std::max<std::uint64_t>(cg.edges.size() >> shift, 1);
   auto with_offsets = [&](auto edges) {
+    edges.ahead.nodes_per_page = static_cast<float>(nodes) / static_cast<float>(edge_pages);
+    auto go = [&](auto view) {
+      view.edg.ahead.ahead = look_ahead_pages(o.look_ahead, cg.cache.slot_count(), bfs_expand<decltype(view)>);
+      fn(view);
+    };
     if (cg.offsets)
-      fn(graph_view<bam_reader_source<std::uint64_t>, decltype(edges)>{nodes, {cg.offsets->ref(), shift - 1}, edges});
+      go(graph_view<bam_reader_source<std::uint64_t>, decltype(edges)>{nodes, {cg.offsets->ref(), shift - 1}, edges});
     else
-      fn(graph_view<pointer_source<std::uint64_t>, decltype(edges)>{nodes, {d_off}, edges});
+      go(graph_view<pointer_source<std::uint64_t>, decltype(edges)>{nodes, {d_off}, edges});
   };
   if (o.access == "reader")
     with_offsets(bam_reader_source<std::uint32_t>{cg.edges.ref(), shift});
@@ -207,6 +230,7 @@ json path_json(const path_result& p, double zero_copy_rate, bool bfs) {
     j["hit_rate"] =
         p.page_visits ? json(1 - static_cast<double>(p.misses) / static_cast<double>(p.page_visits)) : json(nullptr);
     j["misses_per_s"] = p.total() > 0 ? static_cast<double>(p.misses) / p.total() : 0.0;
+    j["look_ahead_pages"] = p.look_ahead;
   }
   return j;
 }
@@ -234,8 +258,9 @@ void print_table(const run_options& o, const std::vector<path_result>& paths, do
     std::printf("%-11s %12.4f %14.3f %10s %9s %12s  %s\n", p.path.c_str(), p.total() / double(p.seconds.size()),
                 p.edges_per_s() / 1e9, ratio, hit, mps, checked.c_str());
   }
-  std::printf("(%s; vs 0-copy: the rate over zero-copy's; hit rate: 1 - pages loaded / pages touched)\n",
-              edge_measure(o.algorithm));
+  std::printf("(%s; vs 0-copy: the rate over zero-copy's; hit rate: 1 - pages loaded / pages touched; bam's "
+              "look-ahead: %u pages per warp)\n",
+              edge_measure(o.algorithm), paths.empty() ? 0u : paths.front().look_ahead);
 }
 
 } // namespace
@@ -293,7 +318,10 @@ int run_algorithm(const run_options& o0) {
   for (unsigned r = 0; r < o.runs; ++r) {
     cached_graph cg(s, where, m, o.cache_mib << 20, o.page_size, o.offsets == "cache", st);
     outcome out;
-    with_cached_view(o, cg, m.nodes, d_off.get(), [&](auto v) { out = run.gpu_run(v, r, w, st); });
+    with_cached_view(o, cg, m.nodes, d_off.get(), [&](auto v) {
+      bam.look_ahead = v.edg.ahead.ahead;
+      out = run.gpu_run(v, r, w, st);
+    });
     cg.check(st);
     bam.misses += cg.cache.counters(st).misses;
     bam.page_visits += w.page_visits(st);

@@ -96,8 +96,10 @@ void check_against_cpu(const results& r) {
   CHECK(l1_distance(r.ranks, pagerank_cpu(g, {})) < 1e-4);
 }
 
-//! The algorithms through the cache over `device`.
-void through_cache(const std::string& device, std::uint32_t page_size, bool offsets_in_cache, bool reader) {
+//! The algorithms through the cache over `device`, warps bringing in
+//! `ahead` pages at once before reading a window of lists (0: none).
+void through_cache(const std::string& device, std::uint32_t page_size, bool offsets_in_cache, bool reader,
+                   unsigned ahead) {
   const small_graph& sg = graph();
   graph_location l = choose_device(device, sg.m);
   bam::storage s(l.spec);
@@ -110,6 +112,8 @@ void through_cache(const std::string& device, std::uint32_t page_size, bool offs
   const std::uint64_t cache_bytes = std::max<std::uint64_t>(sg.m.image().edges_bytes() / 4, 8ull * page_size);
   cached_graph cg(s, l, sg.m, cache_bytes, page_size, offsets_in_cache, stream.s);
   const unsigned shift = cg.edge_page_shift();
+  const look_ahead_settings settings{ahead, static_cast<float>(sg.m.nodes) /
+                                                static_cast<float>((cg.edges.size() >> shift) + 1)};
   results r;
   auto go = [&](auto edges) {
     if (offsets_in_cache)
@@ -122,9 +126,9 @@ void through_cache(const std::string& device, std::uint32_t page_size, bool offs
                   stream.s);
   };
   if (reader)
-    go(bam_reader_source<std::uint32_t>{cg.edges.ref(), shift});
+    go(bam_reader_source<std::uint32_t>{cg.edges.ref(), shift, settings});
   else
-    go(bam_copy_source<std::uint32_t>{cg.edges.ref(), shift});
+    go(bam_copy_source<std::uint32_t>{cg.edges.ref(), shift, settings});
   REQUIRE_NOTHROW(cg.check(stream.s));
   CHECK(r.visits > 0);
   CHECK(cg.cache.counters(stream.s).misses > sg.m.image().edges_bytes() / page_size); // more than one pass of misses
@@ -134,15 +138,47 @@ void through_cache(const std::string& device, std::uint32_t page_size, bool offs
 } // namespace
 
 TEST_CASE("graph: BFS, CC and PageRank through the cache (copy_to) match the CPU", "[graph][gpu]") {
-  through_cache("emu-gpu:ram=16M", 4096, false, false);
+  SECTION("without look-ahead") { through_cache("emu-gpu:ram=16M", 4096, false, false, 0); }
+  // 32 pages per warp in a cache of a quarter of the edges: windows evict each other's pages.
+  SECTION("32 pages of look-ahead") { through_cache("emu-gpu:ram=16M", 4096, false, false, 32); }
 }
 
 TEST_CASE("graph: the same with a reader, 512-byte pages and the offsets through the cache", "[graph][gpu]") {
-  through_cache("emu-gpu:ram=16M", 512, true, true);
+  through_cache("emu-gpu:ram=16M", 512, true, true, 8);
 }
 
 TEST_CASE("graph: the same over two controllers, pages striped, 16 KiB pages", "[graph][gpu]") {
-  through_cache("emu-gpu:ram=16M,ssds=2", 16384, false, false);
+  through_cache("emu-gpu:ram=16M,ssds=2", 16384, false, false, 4);
+}
+
+__global__ void prefetch_spans_kernel(bam::array_ref<std::uint32_t> a, unsigned shift, unsigned ahead,
+                                      unsigned pages_each, unsigned stride) {
+  const std::uint64_t lane = threadIdx.x;
+  const std::uint64_t b = (lane * stride) << shift; // lane l: pages [l stride, l stride + pages_each)
+  // lanes 30 and 31 name empty ranges
+  const std::uint64_t e = lane >= 30 ? b : b + (std::uint64_t{pages_each} << shift);
+  prefetch_spans(a, shift, ahead, b, e);
+}
+
+TEST_CASE("graph: a look-ahead brings in each distinct page of the lanes' ranges once, up to its limit",
+          "[graph][gpu]") {
+  bam::storage s("emu-gpu:ram=16M");
+  bam::gnn::cuda_stream stream;
+  const auto misses = [&](unsigned ahead, unsigned pages_each, unsigned stride) {
+    bam::page_cache cache({.page_size = 4096, .capacity = 1 << 20}); // 256 pages
+    bam::array<std::uint32_t> a(cache, s, 4u << 20, 0, stream.s);
+    prefetch_spans_kernel<<<1, 32, 0, stream.s>>>(a.ref(), 10, ahead, pages_each, stride);
+    BAM_CUDA_TRY(cudaGetLastError());
+    BAM_CUDA_TRY(cudaStreamSynchronize(stream.s));
+    a.check(stream.s);
+    return cache.counters(stream.s).misses;
+  };
+  CHECK(misses(32, 1, 1) == 30);   // 30 lanes, a page each
+  CHECK(misses(32, 2, 1) == 31);   // overlapping: pages 0 .. 30
+  CHECK(misses(32, 2, 3) == 32);   // disjoint, 60 pages: the first 32
+  CHECK(misses(8, 2, 3) == 8);     // the limit
+  CHECK(misses(32, 40, 40) == 32); // lane 0's range alone is longer than the limit
+  CHECK(misses(32, 1, 0) == 1);    // every lane on page 0
 }
 
 TEST_CASE("graph: BFS, CC and PageRank on the graph in GPU memory match the CPU", "[graph][gpu]") {
