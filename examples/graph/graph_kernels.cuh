@@ -221,7 +221,7 @@ struct graph_view {
   }
   //! Whole-warp, through the cache with look-ahead: the lists of items
   //! [i, end) of a warp's run, nodes node_of(item) in increasing order, are
-  //! read next; lane l takes items [i + l k, i + (l + 1) k) (k from the
+  //! read next; lane l takes items [i + l k, i + (l + 1) k) (k > 1 only for consecutive nodes; k from the
   //! run's density), the span of their lists (a single item's cut to
   //! `limit` ids), and the warp brings in the first pages of those spans at
   //! once. Returns the items the window covers (32 k).
@@ -299,9 +299,12 @@ struct list_window {
     return end - i;
   }
 };
+//! A lane's share of a window: a node's list from `list` (whose nodes may
+//! lie far apart: a share of several would span the lists of the nodes
+//! between them), or about a page's worth of consecutive nodes.
 template <class V>
 BAM_DEVICE list_window<V> window_over(const V& g, const std::uint32_t* list, std::uint64_t count, std::uint64_t limit) {
-  return {g, list, g.edg.items_per_lane(count, g.nodes), limit};
+  return {g, list, list != nullptr ? 1u : g.edg.items_per_lane(count, g.nodes), limit};
 }
 
 //! A warp per node of list[0, count): f(v, begin, end) with the whole warp,

@@ -164,9 +164,9 @@ private:
 //! The edges array through the cache, read as `access` says, with the offsets
 //! in GPU memory (`d_off`) or through the cache too: fn(view).
 //! The look-ahead of reads through the cache: `requested` when >= 0, else
-//! as many pages per warp (up to 32) as leave three quarters of the cache
-//! to pages not brought in ahead while every warp `kernel` keeps resident
-//! on the GPU holds its window; 0 below 2 pages.
+//! as many pages per warp (up to 32) as leave half the cache to pages not
+//! brought in ahead while every warp `kernel` keeps resident on the GPU
+//! holds its window; 0 below 2 pages.
 template <class Kernel>
 unsigned look_ahead_pages(int requested, std::uint64_t cache_pages, Kernel kernel) {
   if (requested >= 0) return static_cast<unsigned>(std::min(requested, 32));
@@ -175,7 +175,7 @@ unsigned look_ahead_pages(int requested, std::uint64_t cache_pages, Kernel kerne
   BAM_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   BAM_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, gnn::block_threads, 0));
   const std::uint64_t warps = std::uint64_t(std::max(blocks, 1)) * sms * warps_per_block;
-  const std::uint64_t ahead = std::min<std::uint64_t>(cache_pages / (4 * warps), 32);
+  const std::uint64_t ahead = std::min<std::uint64_t>(cache_pages / (2 * warps), 32);
   return ahead < 2 ? 0 : static_cast<unsigned>(ahead);
 }
 
