@@ -171,17 +171,17 @@ int main(int argc, char** argv) {
       launch(); // warm-up: the cache reaches its steady state
       BAM_CUDA_TRY(cudaDeviceSynchronize());
       const auto before = cache ? cache->counters() : bam::page_cache_counters{};
-      std::vector<double> ms;
+      std::vector<double> each; // seconds
       for (int r = 0; r < reps; ++r)
-        ms.push_back(bench::time_launch_ms(launch));
-      std::vector<double> sorted = ms;
+        each.push_back(bench::time_launch_ms(launch) / 1e3);
+      std::vector<double> sorted = each;
       std::sort(sorted.begin(), sorted.end());
-      const double s = sorted[sorted.size() / 2] / 1e3;
+      const double s = sorted[sorted.size() / 2];
       unsigned long long wrong = 0;
       bam::copy_to_host(&wrong, bad.get(), 1);
       nlohmann::json p{{"what", what},
                        {"seconds", s},
-                       {"seconds_each", ms},
+                       {"seconds_each", each},
                        {"pages_per_s", static_cast<double>(count) / s},
                        {"GB_per_s", static_cast<double>(count * page_bytes) / s / 1e9},
                        {"bad_words", wrong}};
@@ -257,7 +257,7 @@ int main(int argc, char** argv) {
       j["driver"] = driver;
       j["commit"] = commit;
       j["date"] = date;
-      j["device"] = st.name();
+      j["device"] = device + "=" + std::to_string(lf.image_bytes >> 20) + "M";
       j["transport"] = st.transport_name();
       j["file_bytes"] = file_mib << 20;
       j["file_runs"] = m.runs;
