@@ -44,17 +44,19 @@ __device__ unsigned check_page(const std::uint32_t* buf, std::uint64_t fp, unsig
   return wrong;
 }
 
-//! Warp k reads pages at[k], at[k + warps], ... of `a` (whole-warp copy_to)
-//! into its scratch page and checks them against file pages fp[...].
-__global__ void read_through_cache(bam::array_ref<std::uint32_t> a, const std::uint64_t* at, const std::uint64_t* fp,
-                                   std::uint64_t count, std::uint32_t* scratch, unsigned long long* bad) {
+//! Warp k reads page k, k + warps, ... with fetch(k, buf, lane) (whole-warp,
+//! false for a failed read) into its scratch page and checks it against
+//! file page fp[k]; the words that differ are added to *bad.
+template <class Fetch>
+__device__ void read_and_check(const std::uint64_t* fp, std::uint64_t count, std::uint32_t* scratch,
+                               unsigned long long* bad, Fetch fetch) {
   const std::uint64_t warp = (blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x) / 32;
   const std::uint64_t warps = static_cast<std::uint64_t>(gridDim.x) * blockDim.x / 32;
   const unsigned lane = threadIdx.x % 32;
   std::uint32_t* buf = scratch + warp * page_words;
   unsigned long long wrong = 0;
   for (std::uint64_t k = warp; k < count; k += warps) {
-    if (!a.copy_to(at[k] * page_words, page_words, buf)) {
+    if (!fetch(k, buf, lane)) {
       wrong += page_words / 32; // a failed read: every word of the lane's share
       continue;
     }
@@ -65,15 +67,18 @@ __global__ void read_through_cache(bam::array_ref<std::uint32_t> a, const std::u
   if (wrong != 0) atomicAdd(bad, wrong);
 }
 
+//! Pages at[k] of `a` through the cache (whole-warp copy_to).
+__global__ void read_through_cache(bam::array_ref<std::uint32_t> a, const std::uint64_t* at, const std::uint64_t* fp,
+                                   std::uint64_t count, std::uint32_t* scratch, unsigned long long* bad) {
+  read_and_check(fp, count, scratch, bad, [&](std::uint64_t k, std::uint32_t* buf, unsigned) {
+    return a.copy_to(at[k] * page_words, page_words, buf);
+  });
+}
+
 //! The ceiling: the same pages straight from the file's bytes in pinned host memory.
 __global__ void read_zero_copy(const uint4* host, const std::uint64_t* fp, std::uint64_t count, std::uint32_t* scratch,
                                unsigned long long* bad) {
-  const std::uint64_t warp = (blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x) / 32;
-  const std::uint64_t warps = static_cast<std::uint64_t>(gridDim.x) * blockDim.x / 32;
-  const unsigned lane = threadIdx.x % 32;
-  std::uint32_t* buf = scratch + warp * page_words;
-  unsigned long long wrong = 0;
-  for (std::uint64_t k = warp; k < count; k += warps) {
+  read_and_check(fp, count, scratch, bad, [&](std::uint64_t k, std::uint32_t* buf, unsigned lane) {
     const uint4* src = host + fp[k] * (page_bytes / 16);
     uint4 v[8];
 #pragma unroll
@@ -82,11 +87,8 @@ __global__ void read_zero_copy(const uint4* host, const std::uint64_t* fp, std::
 #pragma unroll
     for (int j = 0; j < 8; ++j)
       reinterpret_cast<uint4*>(buf)[j * 32 + lane] = v[j];
-    __syncwarp();
-    wrong += check_page(buf, fp[k], lane);
-    __syncwarp();
-  }
-  if (wrong != 0) atomicAdd(bad, wrong);
+    return true;
+  });
 }
 
 std::string gpu_name() {

@@ -130,10 +130,11 @@ struct look_ahead_settings {
   }
 };
 
+//! What the sources through the cache share: the array, its page size, the
+//! look-ahead, single reads and page counts.
 template <class T>
-struct bam_copy_source {
+struct cached_source {
   static constexpr bool through_cache = true;
-  static constexpr unsigned chunk = 4096 / sizeof(T); //!< elements a warp copies at a time
   array_ref<T> a;
   unsigned page_shift = 0; //!< log2(elements per cache page)
   look_ahead_settings ahead;
@@ -148,45 +149,35 @@ struct bam_copy_source {
   BAM_DEVICE std::uint64_t pages(std::uint64_t begin, std::uint64_t end) const {
     return pages_spanned(begin, end, page_shift);
   }
+};
+
+template <class T>
+struct bam_copy_source : cached_source<T> {
+  static constexpr unsigned chunk = 4096 / sizeof(T); //!< elements a warp copies at a time
   template <class F>
   BAM_DEVICE std::uint64_t warp_range(std::uint64_t begin, std::uint64_t end, F&& f) const {
     __shared__ T buf[warps_per_block][chunk];
     T* mine = buf[threadIdx.x / 32];
     for (std::uint64_t c = begin; c < end; c += chunk) {
       const std::uint64_t n = end - c < chunk ? end - c : chunk;
-      a.copy_to(c, n, mine);
+      this->a.copy_to(c, n, mine);
       __syncwarp();
       for (std::uint64_t k = lane_of_thread(); k < n; k += 32)
         f(mine[k]);
       __syncwarp();
     }
-    return pages(begin, end);
+    return this->pages(begin, end);
   }
 };
 
 template <class T>
-struct bam_reader_source {
-  static constexpr bool through_cache = true;
-  array_ref<T> a;
-  unsigned page_shift = 0;
-  look_ahead_settings ahead;
-  BAM_DEVICE unsigned look_ahead() const { return ahead.ahead; }
-  BAM_DEVICE unsigned items_per_lane(std::uint64_t count, std::uint64_t nodes) const {
-    return ahead.items_per_lane(count, nodes);
-  }
-  BAM_DEVICE void prefetch_spans(std::uint64_t b, std::uint64_t e) const {
-    graph::prefetch_spans(a, page_shift, ahead.ahead, b, e);
-  }
-  BAM_DEVICE T get(std::uint64_t i) const { return a[i]; }
-  BAM_DEVICE std::uint64_t pages(std::uint64_t begin, std::uint64_t end) const {
-    return pages_spanned(begin, end, page_shift);
-  }
+struct bam_reader_source : cached_source<T> {
   template <class F>
   BAM_DEVICE std::uint64_t warp_range(std::uint64_t begin, std::uint64_t end, F&& f) const {
-    auto r = a.reader();
+    auto r = this->a.reader();
     for (std::uint64_t j = begin + lane_of_thread(); j < end; j += 32)
       f(r[j]);
-    return pages(begin, end);
+    return this->pages(begin, end);
   }
 };
 

@@ -58,28 +58,23 @@ fig.savefig(here / "look-ahead.png", dpi=120)
 
 sw = summary["sweep"]
 fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+def bam_at(algo, key, base_key):
+    """bam's seconds in the sweep point `algo-key`; the 4 KiB, 248 MiB point (`base_key`) is a main run."""
+    if key == base_key:
+        return runs["k24-bfs-auto"]["bam"] if algo == "bfs" else sw["pr-c248-it5"]["bam"]
+    return sw[f"{algo}-{key}"]["bam"]
+
+
 pages = [512, 1024, 2048, 4096, 8192, 16384]
 for name, algo, marker in [("BFS (s per BFS)", "bfs", "o"), ("PageRank (s per 5 iterations)", "pr", "s")]:
-    ys = []
-    for p in pages:
-        if p == 4096:
-            ys.append(runs["k24-bfs-auto"]["bam"] if algo == "bfs" else sw["pr-c248-it5"]["bam"])
-        else:
-            ys.append(sw[f"{algo}-p{p}"]["bam"])
-    axes[0].plot(pages, ys, marker=marker, label=name)
+    axes[0].plot(pages, [bam_at(algo, f"p{p}", "p4096") for p in pages], marker=marker, label=name)
 axes[0].set_xscale("log", base=2)
 axes[0].set_xlabel("page size (bytes), cache 248 MiB")
 axes[0].set_ylabel("bam seconds")
 axes[0].legend(fontsize=8)
 caches = [124, 248, 496, 992]
 for name, algo, marker in [("BFS", "bfs", "o"), ("PageRank (5 it.)", "pr", "s")]:
-    ys = []
-    for c in caches:
-        if c == 248:
-            ys.append(runs["k24-bfs-auto"]["bam"] if algo == "bfs" else sw["pr-c248-it5"]["bam"])
-        else:
-            ys.append(sw[f"{algo}-c{c}"]["bam"])
-    axes[1].plot(caches, ys, marker=marker, label=name)
+    axes[1].plot(caches, [bam_at(algo, f"c{c}", "c248") for c in caches], marker=marker, label=name)
 axes[1].set_xscale("log", base=2)
 axes[1].set_xlabel("cache MiB (edges: 1,986 MiB), 4 KiB pages")
 axes[1].legend(fontsize=8)
