@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -108,12 +109,19 @@ int main(int argc, char** argv) {
   std::string dir, json_path, device = "emu-gpu:ram";
   unsigned blocks = 1024, threads = 256;
   int reps = 5;
-  app.add_option("--file-mib", file_mib, "the file's size (default 4096)");
+  app.add_option("--file-mib", file_mib, "the file's size (default 4096)")->check(CLI::PositiveNumber);
   app.add_option("--cache-mib", cache_mib, "page cache of 4 KiB pages (default 256: mostly misses)");
-  app.add_option("--pages", pages_per_rep, "random pages read per repetition (default 1 Mi)");
-  app.add_option("--reps", reps, "timed repetitions after one warm-up (median reported)");
-  app.add_option("--blocks", blocks, "thread blocks (default 1024)");
-  app.add_option("--threads", threads, "threads per block (default 256)");
+  app.add_option("--pages", pages_per_rep, "random pages read per repetition (default 1 Mi)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--reps", reps, "timed repetitions after one warm-up (median reported)")->check(CLI::PositiveNumber);
+  app.add_option("--blocks", blocks, "thread blocks (default 1024)")->check(CLI::PositiveNumber);
+  app.add_option("--threads", threads, "threads per block, a multiple of 32 (default 256)")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            const unsigned long t = std::strtoul(v.c_str(), nullptr, 10);
+            return t > 0 && t <= 1024 && t % 32 == 0 ? std::string() : std::string("a multiple of 32 up to 1024");
+          },
+          "MULTIPLE OF 32"));
   app.add_option("--dir", dir, "scratch directory for the file and the image (default: a new one in /tmp)");
   app.add_option("--json", json_path, "write the results here");
   CLI11_PARSE(app, argc, argv);

@@ -79,9 +79,10 @@ BAM_DEVICE inline std::uint64_t pages_spanned(std::uint64_t begin, std::uint64_t
 }
 
 //! Whole-warp: each lane names a range [b, e) of `a` (empty when e <= b),
-//! the ranges in increasing order over the lanes; the warp brings in the
-//! first `ahead` (<= 32) distinct pages of 2^shift elements they span, a
-//! page per lane, all at once (bam::array_ref::prefetch), and holds none.
+//! b nondecreasing over the lanes (an empty range at b = 0 after the
+//! others is allowed); the warp brings in the first `ahead` (<= 32)
+//! distinct pages of 2^shift elements they span, a page per lane, all at
+//! once (bam::array_ref::prefetch), and holds none.
 template <class T>
 BAM_DEVICE void prefetch_spans(const array_ref<T>& a, unsigned shift, unsigned ahead, std::uint64_t b,
                                std::uint64_t e) {

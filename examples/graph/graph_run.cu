@@ -161,8 +161,6 @@ private:
   std::optional<outcome> reference_;
 };
 
-//! The edges array through the cache, read as `access` says, with the offsets
-//! in GPU memory (`d_off`) or through the cache too: fn(view).
 //! The look-ahead of reads through the cache: `requested` when >= 0, else
 //! as many pages per warp (up to 32) as leave half the cache to pages not
 //! brought in ahead while every warp `kernel` keeps resident on the GPU
@@ -179,6 +177,8 @@ unsigned look_ahead_pages(int requested, std::uint64_t cache_pages, Kernel kerne
   return ahead < 2 ? 0 : static_cast<unsigned>(ahead);
 }
 
+//! The edges array through the cache, read as `access` says, with the offsets
+//! in GPU memory (`d_off`) or through the cache too: fn(view).
 template <class Fn>
 void with_cached_view(const run_options& o, cached_graph& cg, std::uint64_t nodes, const std::uint64_t* d_off,
                       Fn&& fn) {
