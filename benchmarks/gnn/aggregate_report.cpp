@@ -27,7 +27,9 @@ path_result bam_path(const aggregate_figures& f, std::uint64_t row_bytes) {
   path_result r;
   r.path = "bam";
   r.what = "bam::gather_rows through the page cache (" + f.device + ")";
-  if (f.hot_set) r.what += " + a hot set of " + std::to_string(f.hot_rows) + " rows in pinned host memory";
+  if (f.hot_set)
+    r.what += " + a hot set of " + std::to_string(f.hot_rows) + " rows in " +
+              (f.hot_in_gpu ? "GPU memory" : "pinned host memory");
   r.ran = true;
   r.seconds = f.gathering_seconds;
   r.rows = f.rows;
@@ -81,9 +83,10 @@ void print_run_summary(const aggregate_options& o, const manifest& m, const aggr
   std::printf("\npage cache: hit rate %.1f%% (%llu pages loaded for %llu page visits)\n", 100 * f.hit_rate(),
               static_cast<unsigned long long>(f.pages_loaded), static_cast<unsigned long long>(f.page_visits));
   if (f.hot_set)
-    std::printf("hot set: %.1f%% of the rows gathered came from host memory (%llu of %llu)\n",
+    std::printf("hot set: %.1f%% of the rows gathered came from its copy in %s (%llu of %llu)\n",
                 f.rows ? 100.0 * static_cast<double>(f.hot_row_visits) / static_cast<double>(f.rows) : 0.0,
-                static_cast<unsigned long long>(f.hot_row_visits), static_cast<unsigned long long>(f.rows));
+                f.hot_in_gpu ? "GPU memory" : "host memory", static_cast<unsigned long long>(f.hot_row_visits),
+                static_cast<unsigned long long>(f.rows));
   if (f.verified_rows != 0)
     std::printf("verified: the %llu rows gathered in the first %llu batch(es) equal the %s\n",
                 static_cast<unsigned long long>(f.verified_rows), static_cast<unsigned long long>(f.verified_batches),
@@ -166,6 +169,7 @@ void add_batch_figures(json& j, const aggregate_options& o, const aggregate_figu
   if (f.hot_set)
     j["hot_set"] = {
         {"percent", o.hot_percent},
+        {"memory", f.hot_in_gpu ? "gpu" : "host"},
         {"rows", f.hot_rows},
         {"bytes", f.hot_bytes},
         {"chosen_by", "in-degree"},
@@ -236,6 +240,10 @@ aggregate_figures combine_gpu_figures(const std::vector<aggregate_figures>& per,
     all.page_visits += f.page_visits;
     all.pages_loaded += f.pages_loaded;
     all.held_pages += f.held_pages;
+    all.hot_rows += f.hot_rows; // each GPU's own copy
+    all.hot_bytes += f.hot_bytes;
+    all.hot_fill_seconds = std::max(all.hot_fill_seconds, f.hot_fill_seconds);
+    all.hot_row_visits += f.hot_row_visits;
     all.verified_rows += f.verified_rows;
     all.verified_batches += f.verified_batches;
   }

@@ -61,8 +61,8 @@ namespace bam::gnn {
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(aggregate_figures, device, transport, placement, in_process, load_seconds,
                                    cache_bytes, fanouts, seconds, sampling_seconds, gathering_seconds,
                                    aggregation_seconds, first_batch_seconds, rows, hop_nodes, page_visits, pages_loaded,
-                                   held_pages, hot_set, hot_rows, hot_bytes, hot_fill_seconds, hot_row_visits,
-                                   verified_rows, verified_batches)
+                                   held_pages, hot_set, hot_in_gpu, hot_rows, hot_bytes, hot_fill_seconds,
+                                   hot_row_visits, verified_rows, verified_batches)
 
 namespace {
 
@@ -317,8 +317,9 @@ host_csr read_csr(const std::filesystem::path& dir, const manifest& m) {
 }
 
 //! The hot set (--hot-percent): the rows of the highest in-degree, read
-//! once through the cache into pinned host memory, where the gather reads
-//! them instead of the cache. Marks them in `is_hot`.
+//! once through the cache into pinned host memory or (--hot-memory gpu)
+//! this GPU's memory, where the gather reads them instead of the cache.
+//! Marks them in `is_hot`.
 template <class T>
 std::optional<hot_rows<T>> make_hot_set(const aggregate_options& o, const manifest& m,
                                         const std::vector<std::int32_t>& indices, array<T>& feats,
@@ -327,19 +328,20 @@ std::optional<hot_rows<T>> make_hot_set(const aggregate_options& o, const manife
   const auto t0 = clock_type::now();
   const auto k = static_cast<std::uint64_t>(static_cast<double>(m.nodes) * o.hot_percent / 100.0 + 0.5);
   const std::vector<std::uint64_t> hot_ids = hottest_nodes(indices, m.nodes, k);
-  std::optional<hot_rows<T>> hot(std::in_place, feats, m.features.dim, hot_ids);
+  std::optional<hot_rows<T>> hot(std::in_place, feats, m.features.dim, hot_ids, cuda::stream_ref{},
+                                 o.hot_in_gpu ? hot_memory::gpu : hot_memory::host);
   is_hot.assign(m.nodes, false);
   for (const std::uint64_t id : hot_ids)
     is_hot[id] = true;
   f.hot_set = true;
+  f.hot_in_gpu = o.hot_in_gpu;
   f.hot_rows = hot->size();
   f.hot_bytes = hot->bytes();
   f.hot_fill_seconds = seconds_since(t0);
   if (!o.json_stdout)
-    std::printf("hot set: %llu rows (%.1f MiB of pinned host memory, the highest in-degree), read through the "
-                "cache into host memory in %.2f s\n",
+    std::printf("hot set: %llu rows (%.1f MiB of %s, the highest in-degree), read through the cache in %.2f s\n",
                 static_cast<unsigned long long>(f.hot_rows), static_cast<double>(f.hot_bytes) / (1 << 20),
-                f.hot_fill_seconds);
+                o.hot_in_gpu ? "GPU memory" : "pinned host memory", f.hot_fill_seconds);
   return hot;
 }
 
@@ -753,8 +755,7 @@ int run_aggregate(const aggregate_options& o) {
   if (o.processes && o.gpus < 2) detail::gnn_fail("--processes runs one process per GPU: give --gpus 2 or more");
   if (o.gpus > 1 && o.compare)
     detail::gnn_fail("--compare gathers the batches again by other paths on one GPU: run it without --gpus");
-  if (o.gpus > 1 && o.hot_percent > 0)
-    detail::gnn_fail("--hot-percent keeps its rows in one GPU's pinned host copy: run it without --gpus");
+  if (o.hot_in_gpu && o.hot_percent <= 0) detail::gnn_fail("--hot-memory gpu places a hot set: give --hot-percent");
   if (o.gpus > 1) { // a medium every GPU can open, before anything needs a GPU
     const table_source src(o.dir, m);
     (void)choose_feature_device(o, m, src);

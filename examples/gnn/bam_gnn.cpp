@@ -260,9 +260,15 @@ int main(int argc, char** argv) {
                         "CPU threads of the baselines (default: --threads, all cores)");
   aggregate
       ->add_option("--hot-percent", ao.hot_percent,
-                   "keep this percentage of the rows, those of the highest in-degree, in pinned host memory "
-                   "and read them zero-copy instead of through the cache (a hot set; default 0)")
+                   "keep this percentage of the rows, those of the highest in-degree, in a copy the gathers read "
+                   "instead of the cache (a hot set; default 0); with --gpus, each GPU has its own")
       ->check(CLI::Range(0.0, 100.0));
+  aggregate
+      ->add_option_function<std::string>(
+          "--hot-memory", [&ao](const std::string& v) { ao.hot_in_gpu = v == "gpu"; },
+          "where the hot set is: host (pinned host memory, read zero-copy; default) or gpu (each GPU's memory: "
+          "a replica per GPU in front of --node-cache, which keeps the other rows once in the node)")
+      ->check(CLI::IsMember({"host", "gpu"}));
   aggregate
       ->add_option("--in-flight", ao.in_flight,
                    "mini-batches in flight at once, each on a CUDA stream of its own: the next batches' "

@@ -388,7 +388,8 @@ struct aggregate_options {
   bool compare = false;
   bool quiet = false;
   unsigned host_threads = 0; //!< CPU baselines (0: all cores)
-  double hot_percent = 0;    //!< rows of the highest in-degree kept in pinned host memory (bam::hot_rows)
+  double hot_percent = 0;    //!< rows of the highest in-degree kept in a hot set (bam::hot_rows)
+  bool hot_in_gpu = false;   //!< the hot set in each GPU's memory (a replica per GPU), not in pinned host memory
   unsigned in_flight = 2;    //!< mini-batches in flight at once, each on a stream of its own
   bool lookahead = true;   //!< hold the cached pages of a batch's rows from its sampling to its gather (bam::row_holds)
   unsigned gpus = 1;       //!< GPUs 0 .. gpus-1, a host thread each, each running `batches` batches
@@ -436,8 +437,10 @@ struct aggregate_figures {
   std::uint64_t page_visits = 0;        //!< cache pages the rows read through the cache touch
   std::uint64_t pages_loaded = 0;       //!< the cache's misses
   std::uint64_t held_pages = 0;         //!< pages the look-ahead holds kept in the cache
-  // The hot set (--hot-percent): rows read from pinned host memory, not through the cache.
+  // The hot set (--hot-percent): rows read from its copy (pinned host
+  // memory, or the GPU's memory with --hot-memory gpu), not through the cache.
   bool hot_set = false;
+  bool hot_in_gpu = false;
   std::uint64_t hot_rows = 0, hot_bytes = 0;
   double hot_fill_seconds = 0;
   std::uint64_t hot_row_visits = 0; //!< rows gathered from it

@@ -195,16 +195,19 @@ void check_refusals(const std::string& dir, const std::vector<refusal>& cases) {
 TEST_CASE("bam-gnn aggregate refuses bad input before it needs a GPU", "[gnn][aggregate][cli]") {
   temp_dir t;
   small_dataset(t.path, 2000, 8);
-  check_refusals(t.path.string(), {
-                                      {" --fanouts 15,x,5", true, "'x' is not a whole number"},
-                                      {" --fanouts 0", true, "outside 1..1024"},
-                                      {"/missing", true, "no dataset here"},
-                                      {" --batch-size 0", true, "--batch-size"},
-                                      {" --page-size 3000", true, "--page-size 3000"},
-                                      {" --hot-percent 150", false, "--hot-percent"},
-                                      {" --in-flight 0", false, "--in-flight"},
-                                      {" --in-flight 9", false, "--in-flight"},
-                                  });
+  check_refusals(t.path.string(),
+                 {
+                     {" --fanouts 15,x,5", true, "'x' is not a whole number"},
+                     {" --fanouts 0", true, "outside 1..1024"},
+                     {"/missing", true, "no dataset here"},
+                     {" --batch-size 0", true, "--batch-size"},
+                     {" --page-size 3000", true, "--page-size 3000"},
+                     {" --hot-percent 150", false, "--hot-percent"},
+                     {" --hot-memory gpu", true, "--hot-memory gpu places a hot set: give --hot-percent"},
+                     {" --hot-memory disk", false, "--hot-memory"},
+                     {" --in-flight 0", false, "--in-flight"},
+                     {" --in-flight 9", false, "--in-flight"},
+                 });
 }
 
 TEST_CASE("bam-gnn aggregate on several GPUs refuses what one GPU alone can do, before it needs a GPU",
@@ -215,7 +218,6 @@ TEST_CASE("bam-gnn aggregate on several GPUs refuses what one GPU alone can do, 
       {" --node-cache", true, "--node-cache spreads one cache over several GPUs: give --gpus 2 or more"},
       {" --processes", true, "--processes runs one process per GPU: give --gpus 2 or more"},
       {" --gpus 2 --compare", true, "--compare"},
-      {" --gpus 2 --hot-percent 5", true, "--hot-percent"},
       {" --gpus 0", false, "--gpus"},
   };
   // Private media belong to one storage: every GPU must read one copy.

@@ -108,6 +108,27 @@ TEST_CASE("bam-gnn aggregate on two GPUs, a thread or a process each, a cache ea
   CHECK(std::abs(hit_rate(processes_node) - hit_rate(threads_node)) < 0.05);
 }
 
+TEST_CASE("bam-gnn aggregate on two GPUs with a hot set in each GPU's memory in front of one cache",
+          "[gnn][aggregate][gpu][node-cache]") {
+  if (gpu_count() < 2) SKIP("this test needs 2 GPUs; " << gpu_count() << " found");
+  const aggregate_run plain = aggregate(" --gpus 2 --node-cache");
+  for (const std::string how : {"", " --processes"}) {
+    const aggregate_run hot = aggregate(" --gpus 2 --node-cache --hot-percent 5 --hot-memory gpu" + how);
+    INFO(hot.out);
+    REQUIRE(hot.j.contains("hot_set"));
+    CHECK(hot.j["hot_set"]["memory"] == "gpu");
+    // A copy on each GPU: 5 % of the 200,000 rows of 1 KiB, twice.
+    CHECK(hot.j["hot_set"]["rows"].get<std::uint64_t>() == 2 * 10000);
+    CHECK(hot.j["hot_set"]["bytes"].get<std::uint64_t>() == 2 * 10000 * 1024);
+    for (const auto& g : hot.j["per_gpu"])
+      CHECK(g["verified_rows"].get<std::uint64_t>() > 0); // hot and cold rows alike equal the generator
+    // The hot rows (those of the highest in-degree: a large share of the
+    // sampled ones) come from the copies, not through the cache.
+    CHECK(hot.j["hot_set"]["row_visit_fraction"].get<double>() > 0.1);
+    CHECK(hot.j["cache"]["page_visits"].get<std::uint64_t>() < plain.j["cache"]["page_visits"].get<std::uint64_t>());
+  }
+}
+
 TEST_CASE("bam-gnn aggregate with a process per GPU fails as a whole, without waiting, when its processes fail",
           "[gnn][aggregate][gpu]") {
   if (gpu_count() < 2) SKIP("this test needs 2 GPUs; " << gpu_count() << " found");

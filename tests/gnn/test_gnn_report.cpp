@@ -130,8 +130,8 @@ TEST_CASE("bam-gnn aggregate's JSON report keeps its keys, in their order", "[gn
       "unique_nodes_per_batch_by_hop", "ms_per_batch", "cache", "hot_set", "verified_rows", "verified_batches",
       "gather", "baselines"});
   // clang-format on
-  CHECK(keys(full["hot_set"]) == std::vector<std::string>{"percent", "rows", "bytes", "chosen_by", "fill_seconds",
-                                                          "row_visits", "row_visit_fraction"});
+  CHECK(keys(full["hot_set"]) == std::vector<std::string>{"percent", "memory", "rows", "bytes", "chosen_by",
+                                                          "fill_seconds", "row_visits", "row_visit_fraction"});
   CHECK(full["held_pages_per_batch"].get<double>() == 20.0);
   CHECK(full["hot_set"]["row_visit_fraction"].get<double>() == 0.25);
   REQUIRE(full["baselines"].size() == 2);

@@ -193,7 +193,10 @@ __global__ void held_pins_kernel(bam::array_ref<std::uint32_t> a, std::uint64_t 
 
 } // namespace
 
-TEST_CASE("a hot set serves its rows from host memory, the others through the cache", "[gpu][row_gather]") {
+TEST_CASE("a hot set serves its rows from its copy in host or GPU memory, the others through the cache",
+          "[gpu][row_gather]") {
+  const bam::hot_memory where = GENERATE(bam::hot_memory::host, bam::hot_memory::gpu);
+  INFO((where == bam::hot_memory::gpu ? "in GPU memory" : "in host memory"));
   constexpr std::uint32_t page = 4096;
   bam::storage s(hbm(8, 1));
   bam_test::fill_pattern(s);
@@ -213,17 +216,23 @@ TEST_CASE("a hot set serves its rows from host memory, the others through the ca
   std::vector<std::uint64_t> scattered(hot_ids.size());
   for (std::size_t k = 0; k < hot_ids.size(); ++k)
     scattered[k] = hot_ids[given[k]];
-  bam::hot_rows<std::uint32_t> hot(a, width, scattered);
+  bam::hot_rows<std::uint32_t> hot(a, width, scattered, {}, where);
   REQUIRE(hot.size() == hot_ids.size());
   CHECK(hot.bytes() == hot_ids.size() * width * 4);
+  CHECK(hot.memory() == where);
   REQUIRE_NOTHROW(a.check());
+  // The copy is where it was asked to be.
+  cudaPointerAttributes at{};
+  REQUIRE(cudaPointerGetAttributes(&at, hot.ref().data()) == cudaSuccess);
+  CHECK(at.type == (where == bam::hot_memory::gpu ? cudaMemoryTypeDevice : cudaMemoryTypeHost));
+  if (where == bam::hot_memory::gpu) CHECK(at.device == a.device());
 
   // Hot rows only (repeated, shuffled), on a cache emptied of them: every
   // row right, and not one page loaded.
   {
     bam::page_cache other({.page_size = page, .capacity = 256 << 10});
     bam::array<std::uint32_t> b(other, s, n);
-    bam::hot_rows<std::uint32_t> hot_b(b, width, hot_ids);
+    bam::hot_rows<std::uint32_t> hot_b(b, width, hot_ids, {}, where);
     std::vector<std::uint64_t> ids;
     for (std::uint64_t k = 0; k < 3 * hot_ids.size(); ++k)
       ids.push_back(hot_ids[(k * 7919) % hot_ids.size()]);
@@ -273,6 +282,7 @@ TEST_CASE("a hot set serves its rows from host memory, the others through the ca
   bam::gather_rows(a, d_ids.get(), 8, width, scratch.get(), none);
   bam::hot_rows<std::uint32_t> taken(std::move(hot));
   CHECK(taken.size() == hot_ids.size());
+  CHECK(taken.memory() == where);
   CHECK(hot.size() == 0);
   bam::device_buffer<std::uint32_t> out(rows * width);
   bam::gather_rows(a, d_ids.get(), rows, width, out.get(), hot);

@@ -251,17 +251,26 @@ TEST_CASE("several GPUs: an array on GPU 0, its check, gathers, holds and hot se
     bam::gather_rows(a, d_ids.get(), ids.size() + 1, row, d_out.get(), stream);
     CHECK_THROWS_AS(a.check(stream), bam::error);
 
-    // A hot set made while GPU 1 is current serves a gather on GPU 0.
-    const bam::hot_rows<std::uint32_t> hot(a, row, {17, 2048}, stream);
-    BAM_CUDA_TRY(cudaMemsetAsync(d_out.get(), 0, ids.size() * row * 4, stream)); // a GPU 0 stream: fine from GPU 1
-    bam::gather_rows(a, d_ids.get(), ids.size(), row, d_out.get(), hot, stream);
-    a.check(stream);
-    bam::copy_to_host(out.data(), d_out.get(), out.size(), stream);
-    bad = 0;
-    for (std::size_t k = 0; k < ids.size(); ++k)
-      for (std::uint64_t j = 0; j < row; ++j)
-        bad += out[k * row + j] != table_word(ids[k] * row + j, 3);
-    CHECK(bad == 0);
+    // A hot set made while GPU 1 is current serves a gather on GPU 0; one in
+    // GPU memory is in GPU 0's, the array's.
+    for (const bam::hot_memory where : {bam::hot_memory::host, bam::hot_memory::gpu}) {
+      const bam::hot_rows<std::uint32_t> hot(a, row, {17, 2048}, stream, where);
+      if (where == bam::hot_memory::gpu) {
+        cudaPointerAttributes at{};
+        REQUIRE(cudaPointerGetAttributes(&at, hot.ref().data()) == cudaSuccess);
+        CHECK(at.type == cudaMemoryTypeDevice);
+        CHECK(at.device == 0);
+      }
+      BAM_CUDA_TRY(cudaMemsetAsync(d_out.get(), 0, ids.size() * row * 4, stream)); // a GPU 0 stream: fine from GPU 1
+      bam::gather_rows(a, d_ids.get(), ids.size(), row, d_out.get(), hot, stream);
+      a.check(stream);
+      bam::copy_to_host(out.data(), d_out.get(), out.size(), stream);
+      bad = 0;
+      for (std::size_t k = 0; k < ids.size(); ++k)
+        for (std::uint64_t j = 0; j < row; ++j)
+          bad += out[k * row + j] != table_word(ids[k] * row + j, 3);
+      CHECK(bad == 0);
+    }
     CHECK(bam::current_device() == 1);
     // The array, cache and storage are destroyed with GPU 1 current.
   }
