@@ -286,7 +286,7 @@ int run_algorithm(const run_options& o0) {
   const manifest m = read_manifest(o.dir);
   const csr_graph g = read_graph(o.dir, m);
   runner run(o, m, g);
-  graph_location where = choose_device(o.device, m);
+  graph_location where = choose_device(o.device, m, o.algorithm == "pagerank" && !o.validate);
   storage s(where.spec);
   gnn::cuda_stream stream;
   const cudaStream_t st = stream.s;

@@ -5,7 +5,9 @@
 // controller of the storage, each array's pages striped over them. An
 // in-process medium (emu-gpu:ram, emu-gpu:hbm, emu:ram) gets the graph
 // written into it before any timing; a device must hold the image that
-// `bam-graph load` wrote.
+// `bam-graph load` wrote. Null media (emu-gpu:null) move no data: every
+// edge reads as node 0 (cache pages start zeroed), which keeps PageRank's
+// access pattern, not its ranks: the miss path with no medium behind it.
 #pragma once
 
 #include <bam/bam.cuh>
@@ -23,6 +25,7 @@ struct graph_location {
   std::string device;           //!< the device string
   device_spec spec;             //!< parsed
   bool in_process = false;      //!< a medium this process fills
+  bool null_media = false;      //!< no data moved: the access pattern of an algorithm that does not depend on it
   std::uint64_t start_byte = 0; //!< the image's first byte on each controller
   std::string placement;        //!< in words, for the report
   double load_seconds = 0;      //!< in_process: writing the graph into the medium
@@ -30,15 +33,23 @@ struct graph_location {
 
 //! The device a run reads the graph from: `device`, else the manifest's,
 //! else pinned host RAM the size of the image (emu-gpu:ram).
-inline graph_location choose_device(const std::string& device, const manifest& m) {
+//! `pattern_only`: the run needs the edges' pages, not their values
+//! (PageRank, unchecked), so null media will do.
+inline graph_location choose_device(const std::string& device, const manifest& m, bool pattern_only = false) {
   graph_location l;
   l.device = device;
   if (l.device.empty())
     l.device = m.device ? m.device->device : "emu-gpu:ram=" + std::to_string((m.image().bytes() >> 20) + 2) + "M";
   l.spec = parse_device(l.device);
-  if (l.spec.kind != device_kind::pci && l.spec.media == media_kind::null)
+  l.null_media = l.spec.kind != device_kind::pci && l.spec.media == media_kind::null;
+  if (l.null_media && !pattern_only)
     gnn_fail(l.device + ": null media keep no data; the graph needs a medium that holds it (emu-gpu:ram=SIZE, "
-                        "emu-gpu:hbm=SIZE, a device bam-graph load wrote)");
+                        "emu-gpu:hbm=SIZE, a device bam-graph load wrote). Only pagerank --no-validate runs on "
+                        "null media: its pages do not depend on the edges' values");
+  if (l.null_media) {
+    l.placement = "null media: no data moved, every edge reads as node 0 (PageRank's access pattern, not its ranks)";
+    return l;
+  }
   l.in_process =
       l.spec.kind != device_kind::pci && (l.spec.media == media_kind::ram || l.spec.media == media_kind::hbm);
   if (!l.in_process) {
@@ -78,6 +89,7 @@ inline void prepare_medium(graph_location& l, const storage& s, const manifest& 
   if (l.start_byte % s.lba_size() != 0 || m.image().edges_at() % s.lba_size() != 0)
     gnn_fail(l.device + ": the image starts at byte " + std::to_string(l.start_byte) + ", not on an LBA boundary of " +
              std::to_string(s.lba_size()) + " bytes");
+  if (l.null_media) return;
   if (!l.in_process) {
     if (s.controller_count() != 1)
       gnn_fail(l.device + ": names " + std::to_string(s.controller_count()) +
