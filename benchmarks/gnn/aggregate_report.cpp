@@ -286,6 +286,7 @@ void report_gpus(const gpus_report& r) {
   j["cache_layout"] = r.cache_layout;
   j["batches_per_gpu"] = o.batches;
   j["cache_bytes_per_gpu"] = r.all.cache_bytes / r.per_gpu.size();
+  if (!r.per_gpu[0].cache_bytes_by_gpu.empty()) j["cache_bytes_by_gpu"] = r.per_gpu[0].cache_bytes_by_gpu;
   json per = json::array();
   for (std::size_t g = 0; g < r.per_gpu.size(); ++g) {
     json x{{"cuda_device", g}, {"gpu", r.gpus[g].name}};

@@ -61,8 +61,8 @@ namespace bam::gnn {
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(aggregate_figures, device, transport, placement, in_process, load_seconds,
                                    cache_bytes, fanouts, seconds, sampling_seconds, gathering_seconds,
                                    aggregation_seconds, first_batch_seconds, rows, hop_nodes, page_visits, pages_loaded,
-                                   held_pages, hot_set, hot_in_gpu, hot_rows, hot_bytes, hot_fill_seconds,
-                                   hot_row_visits, verified_rows, verified_batches)
+                                   held_pages, hot_set, hot_in_gpu, cache_bytes_by_gpu, hot_rows, hot_bytes,
+                                   hot_fill_seconds, hot_row_visits, verified_rows, verified_batches)
 
 namespace {
 
@@ -420,6 +420,7 @@ public:
                            .load_seconds = where_.load_seconds,
                            .cache_bytes = cache_->slot_count() * o_.page_size,
                            .fanouts = fanouts_};
+    if (cache_->devices().size() > 1 || !cache_->config().group.name.empty()) describe_parts();
     hot_ = make_hot_set(o_, m_, graph_.indices, *feats_, is_hot_, f_);
     check_gpu_memory(o_, fanouts_, hop_capacities(m_.nodes, o_.batch_size, fanouts_), m_.features.row_bytes(), dim);
     sampler_.emplace(csr_, m_.nodes, fanouts_, o_.batch_size, o_.seed);
@@ -451,6 +452,35 @@ public:
   std::uint64_t max_batch_rows() const { return sampler_->capacity()[sampler_->hops()]; }
 
 private:
+  //! A cache spread over the GPUs: the bytes each GPU's part holds (the
+  //! parts come in whole runs of slots, so some may be larger, or empty),
+  //! said once by the first GPU.
+  void describe_parts() {
+    const std::size_t parts = o_.gpus;
+    f_.cache_bytes_by_gpu.assign(parts, 0);
+    for (std::uint64_t s = 0; s < cache_->slot_count(); ++s)
+      f_.cache_bytes_by_gpu[cache_->slot_part(s)] += cache_->page_size();
+    if (gpu_ != 0 || o_.json_stdout) return;
+    std::uint64_t run = 1; // slots per run: where the second part begins
+    while (run < cache_->slot_count() && cache_->slot_part(run) == cache_->slot_part(0))
+      ++run;
+    std::string list;
+    bool even = true;
+    for (std::size_t g = 0; g < parts; ++g) {
+      list += (g == 0 ? "" : ", ") + std::to_string(f_.cache_bytes_by_gpu[g] >> 20) + " MiB";
+      even = even && f_.cache_bytes_by_gpu[g] == f_.cache_bytes_by_gpu[0];
+    }
+    std::printf("the cache's pages on GPUs 0 .. %zu: %s", parts - 1, list.c_str());
+    if (!even && run < cache_->slot_count())
+      std::printf(" (its slots go to the GPUs in runs of %llu, %llu MiB: --cache-mib a multiple of that spreads "
+                  "it evenly)",
+                  static_cast<unsigned long long>(run),
+                  static_cast<unsigned long long>(run * cache_->page_size() >> 20));
+    else if (!even)
+      std::printf(" (fewer slots than one run of them: a larger cache spreads over the GPUs)");
+    std::printf("\n");
+  }
+
   aggregate_options o_;
   const manifest& m_;
   const host_csr& graph_;

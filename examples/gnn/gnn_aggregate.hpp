@@ -441,6 +441,9 @@ struct aggregate_figures {
   // memory, or the GPU's memory with --hot-memory gpu), not through the cache.
   bool hot_set = false;
   bool hot_in_gpu = false;
+  //! A cache spread over GPUs: the bytes of its pages on each (in the
+  //! order of its GPUs, or of the processes of a group); empty otherwise.
+  std::vector<std::uint64_t> cache_bytes_by_gpu;
   std::uint64_t hot_rows = 0, hot_bytes = 0;
   double hot_fill_seconds = 0;
   std::uint64_t hot_row_visits = 0; //!< rows gathered from it

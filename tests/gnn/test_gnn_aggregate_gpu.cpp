@@ -94,6 +94,14 @@ TEST_CASE("bam-gnn aggregate on two GPUs, a thread or a process each, a cache ea
     CHECK(r->j["batches"].get<std::uint64_t>() == 80); // 40 on each GPU
     CHECK(r->j["cache_bytes_per_gpu"].get<std::uint64_t>() == 16u << 20);
   }
+  // One cache's parts, GPU by GPU, add up to the whole.
+  for (const aggregate_run* r : {&threads_node, &processes_node}) {
+    REQUIRE(r->j.contains("cache_bytes_by_gpu"));
+    REQUIRE(r->j["cache_bytes_by_gpu"].size() == 2);
+    CHECK(r->j["cache_bytes_by_gpu"][0].get<std::uint64_t>() + r->j["cache_bytes_by_gpu"][1].get<std::uint64_t>() ==
+          32u << 20);
+  }
+  CHECK_FALSE(threads_own.j.contains("cache_bytes_by_gpu"));
   CHECK(threads_own.j["cache_layout"] == "a cache per GPU");
   CHECK(threads_node.j["cache_layout"] == "one cache spread over the GPUs");
   CHECK(processes_own.j["cache_layout"] == "a cache per process, one GPU each");

@@ -165,7 +165,18 @@ TEST_CASE("bam-gnn aggregate on several GPUs: the GPUs' sums over the longest GP
   b.rows = 6000;
   b.hop_nodes = {100, 300, 900};
   b.pages_loaded = 500;
+  // One cache over both, in uneven parts; a hot set in each GPU's memory.
+  a.cache_bytes_by_gpu = b.cache_bytes_by_gpu = {2 << 20, 1 << 20};
+  for (auto* f : {&a, &b}) {
+    f->hot_set = f->hot_in_gpu = true;
+    f->hot_rows = 10;
+    f->hot_bytes = 320;
+    f->hot_row_visits = 1000;
+  }
   const bam::gnn::aggregate_figures all = bam::gnn::combine_gpu_figures({a, b}, 3 << 20);
+  CHECK(all.hot_rows == 20); // a copy on each GPU
+  CHECK(all.hot_bytes == 640);
+  CHECK(all.hot_row_visits == 2000);
   CHECK(all.seconds == 4);
   CHECK(all.gathering_seconds == 4);
   CHECK(all.sampling_seconds == 1);
@@ -204,6 +215,10 @@ TEST_CASE("bam-gnn aggregate on several GPUs: the GPUs' sums over the longest GP
   CHECK(j["cache_layout"] == "one cache spread over the GPUs");
   CHECK(j["batches_per_gpu"] == 4);
   CHECK(j["cache_bytes_per_gpu"] == (3 << 20) / 2);
+  CHECK(j["cache_bytes_by_gpu"] == json::array({2 << 20, 1 << 20}));
+  CHECK(j["hot_set"]["memory"] == "gpu");
+  CHECK(j["hot_set"]["rows"] == 20);
+  CHECK(j["hot_set"]["row_visit_fraction"].get<double>() == 2000.0 / 10000.0);
   CHECK(j["cache"]["hit_rate"].get<double>() == 0.625);
   REQUIRE(j["per_gpu"].size() == 2);
   CHECK(j["per_gpu"][1]["cuda_device"] == 1);
