@@ -240,8 +240,7 @@ aggregate_figures combine_gpu_figures(const std::vector<aggregate_figures>& per,
     all.page_visits += f.page_visits;
     all.pages_loaded += f.pages_loaded;
     all.held_pages += f.held_pages;
-    all.hot_rows += f.hot_rows; // each GPU's own copy
-    all.hot_bytes += f.hot_bytes;
+    all.hot_bytes += f.hot_bytes; // each GPU's own copy of the same rows
     all.hot_fill_seconds = std::max(all.hot_fill_seconds, f.hot_fill_seconds);
     all.hot_row_visits += f.hot_row_visits;
     all.verified_rows += f.verified_rows;
@@ -287,6 +286,7 @@ void report_gpus(const gpus_report& r) {
   j["batches_per_gpu"] = o.batches;
   j["cache_bytes_per_gpu"] = r.all.cache_bytes / r.per_gpu.size();
   if (!r.per_gpu[0].cache_bytes_by_gpu.empty()) j["cache_bytes_by_gpu"] = r.per_gpu[0].cache_bytes_by_gpu;
+  if (j.contains("hot_set")) j["hot_set"]["copies"] = r.per_gpu.size(); // bytes: of them all
   json per = json::array();
   for (std::size_t g = 0; g < r.per_gpu.size(); ++g) {
     json x{{"cuda_device", g}, {"gpu", r.gpus[g].name}};

@@ -456,7 +456,8 @@ private:
   //! parts come in whole runs of slots, so some may be larger, or empty),
   //! said once by the first GPU.
   void describe_parts() {
-    const std::size_t parts = o_.gpus;
+    const std::size_t parts =
+        cache_->config().group.name.empty() ? cache_->devices().size() : static_cast<std::size_t>(o_.gpus);
     f_.cache_bytes_by_gpu.assign(parts, 0);
     for (std::uint64_t s = 0; s < cache_->slot_count(); ++s)
       f_.cache_bytes_by_gpu[cache_->slot_part(s)] += cache_->page_size();

@@ -14,7 +14,8 @@
 //   bam-gnn info DIR                        sizes and the degree distribution
 //   bam-gnn aggregate DIR [--device DEV] [--fanouts 15,10,5] [--batch-size 1024] [--batches 100]
 //           [--cache-mib 1024] [--page-size 4096] [--seed 1] [--compare] [--json FILE]
-//           [--hot-percent P] [--in-flight 2] [--no-lookahead] [--gpus N [--node-cache] [--processes]]
+//           [--hot-percent P [--hot-memory gpu]] [--in-flight 2] [--no-lookahead]
+//           [--gpus N [--node-cache] [--processes]]
 //       GraphSAGE mini-batches on the GPU: neighbour sampling over the CSR,
 //       the feature rows through bam's page cache, a mean aggregation per
 //       layer; --compare adds the same gathers by CPU threads, GPU zero-copy,
@@ -266,8 +267,9 @@ int main(int argc, char** argv) {
   aggregate
       ->add_option_function<std::string>(
           "--hot-memory", [&ao](const std::string& v) { ao.hot_in_gpu = v == "gpu"; },
-          "where the hot set is: host (pinned host memory, read zero-copy; default) or gpu (each GPU's memory: "
-          "a replica per GPU in front of --node-cache, which keeps the other rows once in the node)")
+          "where the hot set is: host (pinned host memory, read zero-copy; default) or gpu (the GPU's memory; "
+          "with --gpus a copy on each GPU, which pays in front of --node-cache: it keeps the other rows once "
+          "in the node)")
       ->check(CLI::IsMember({"host", "gpu"}));
   aggregate
       ->add_option("--in-flight", ao.in_flight,

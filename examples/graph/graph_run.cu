@@ -275,6 +275,12 @@ int run_algorithm(const run_options& o0) {
     gnn_fail("--page-size " + std::to_string(o.page_size) + ": a power of two from 512 to 65536");
   if (o.cache_mib == 0) gnn_fail("--cache-mib must be at least 1");
   if (o.runs == 0) o.runs = o.algorithm == "pagerank" ? 1 : 4;
+  const manifest m = read_manifest(o.dir);
+  // Null media move no data: only a run whose pages do not depend on the
+  // edges' values, and that nothing compares with runs on the real edges.
+  const bool pattern_only =
+      o.algorithm == "pagerank" && !o.validate && !o.baselines && o.offsets == "gpu" && o.tolerance == 0;
+  graph_location where = choose_device(o.device, m, pattern_only);
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) {
     (void)cudaGetLastError();
@@ -283,10 +289,8 @@ int run_algorithm(const run_options& o0) {
   if (o.threads != 0) set_cpu_threads(o.threads);
   const bool talk = !o.json_stdout && !o.quiet;
 
-  const manifest m = read_manifest(o.dir);
   const csr_graph g = read_graph(o.dir, m);
   runner run(o, m, g);
-  graph_location where = choose_device(o.device, m, o.algorithm == "pagerank" && !o.validate);
   storage s(where.spec);
   gnn::cuda_stream stream;
   const cudaStream_t st = stream.s;

@@ -33,8 +33,9 @@ struct graph_location {
 
 //! The device a run reads the graph from: `device`, else the manifest's,
 //! else pinned host RAM the size of the image (emu-gpu:ram).
-//! `pattern_only`: the run needs the edges' pages, not their values
-//! (PageRank, unchecked), so null media will do.
+//! `pattern_only`: the run needs the edges' pages, not their values, and
+//! compares them with nothing (PageRank over offsets in GPU memory, a fixed
+//! number of iterations, unchecked, no baselines), so null media will do.
 inline graph_location choose_device(const std::string& device, const manifest& m, bool pattern_only = false) {
   graph_location l;
   l.device = device;
@@ -44,8 +45,9 @@ inline graph_location choose_device(const std::string& device, const manifest& m
   l.null_media = l.spec.kind != device_kind::pci && l.spec.media == media_kind::null;
   if (l.null_media && !pattern_only)
     gnn_fail(l.device + ": null media keep no data; the graph needs a medium that holds it (emu-gpu:ram=SIZE, "
-                        "emu-gpu:hbm=SIZE, a device bam-graph load wrote). Only pagerank --no-validate runs on "
-                        "null media: its pages do not depend on the edges' values");
+                        "emu-gpu:hbm=SIZE, a device bam-graph load wrote). Only pagerank --no-validate "
+                        "--no-baselines, with the offsets in GPU memory and no --tolerance, runs on null media: "
+                        "its pages do not depend on the edges' values");
   if (l.null_media) {
     l.placement = "null media: no data moved, every edge reads as node 0 (PageRank's access pattern, not its ranks)";
     return l;

@@ -174,8 +174,8 @@ TEST_CASE("bam-gnn aggregate on several GPUs: the GPUs' sums over the longest GP
     f->hot_row_visits = 1000;
   }
   const bam::gnn::aggregate_figures all = bam::gnn::combine_gpu_figures({a, b}, 3 << 20);
-  CHECK(all.hot_rows == 20); // a copy on each GPU
-  CHECK(all.hot_bytes == 640);
+  CHECK(all.hot_rows == 10);   // the same rows on each GPU
+  CHECK(all.hot_bytes == 640); // in two copies
   CHECK(all.hot_row_visits == 2000);
   CHECK(all.seconds == 4);
   CHECK(all.gathering_seconds == 4);
@@ -217,7 +217,9 @@ TEST_CASE("bam-gnn aggregate on several GPUs: the GPUs' sums over the longest GP
   CHECK(j["cache_bytes_per_gpu"] == (3 << 20) / 2);
   CHECK(j["cache_bytes_by_gpu"] == json::array({2 << 20, 1 << 20}));
   CHECK(j["hot_set"]["memory"] == "gpu");
-  CHECK(j["hot_set"]["rows"] == 20);
+  CHECK(j["hot_set"]["rows"] == 10);
+  CHECK(j["hot_set"]["copies"] == 2);
+  CHECK(j["hot_set"]["bytes"] == 640);
   CHECK(j["hot_set"]["row_visit_fraction"].get<double>() == 2000.0 / 10000.0);
   CHECK(j["cache"]["hit_rate"].get<double>() == 0.625);
   REQUIRE(j["per_gpu"].size() == 2);

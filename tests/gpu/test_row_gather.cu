@@ -337,6 +337,25 @@ TEMPLATE_TEST_CASE("gather_rows: rows straddling pages, repeated ids, every elem
   const std::vector<T> got_signed = gather(a, signed_ids, width, stream, rows_per_warp);
   REQUIRE_NOTHROW(a.check(stream));
   CHECK(std::memcmp(got_signed.data(), got.data(), got_signed.size() * sizeof(T)) == 0);
+  // A hot set of some of the rows, in host and in GPU memory: hot rows come
+  // from its copy (16, 4 or sizeof(T) bytes a lane, as the row's length
+  // allows), the same elements as through the cache.
+  std::vector<std::uint64_t> hot_ids;
+  for (std::uint64_t r = 0; r < rows; r += 5)
+    hot_ids.push_back(r);
+  const unsigned group = rows_per_warp;
+  for (const bam::hot_memory where : {bam::hot_memory::host, bam::hot_memory::gpu}) {
+    const bam::hot_rows<T> hot(a, width, hot_ids, stream, where);
+    bam::device_buffer<std::uint64_t> d_ids(ids.size());
+    bam::copy_to_device(d_ids.get(), ids.data(), ids.size());
+    bam::device_buffer<T> d_out(ids.size() * width);
+    bam::detail::launch_gather_rows(a, d_ids.get(), ids.size(), width, d_out.get(), hot.ref(), stream, group);
+    REQUIRE_NOTHROW(a.check(stream));
+    std::vector<T> got_hot(ids.size() * width);
+    bam::copy_to_host(got_hot.data(), d_out.get(), got_hot.size(), stream);
+    INFO((where == bam::hot_memory::gpu ? "hot set in GPU memory" : "hot set in host memory"));
+    CHECK(std::memcmp(got_hot.data(), got.data(), got.size() * sizeof(T)) == 0);
+  }
   BAM_CUDA_TRY(cudaStreamDestroy(stream));
 }
 

@@ -247,5 +247,20 @@ TEST_CASE("bam-graph: make, info, check, load onto a software controller, check 
   r = bam_graph("bfs " + (t / "g"));
   CHECK(r.status == 1);
   CHECK_THAT(r.out, ContainsSubstring("GPU"));
+#else
+  // Null media move no data: refused, before a GPU is needed, for every run
+  // that needs the edges' values or compares with runs on the real edges.
+  for (const std::string refused :
+       {"pagerank", "pagerank --no-validate", "pagerank --no-validate --no-baselines --offsets cache",
+        "pagerank --no-validate --no-baselines --tolerance 1e-6", "bfs --no-validate --no-baselines",
+        "cc --no-validate --no-baselines"}) {
+    r = bam_graph(refused + " " + (t / "g") + " --device emu-gpu:null=64M");
+    INFO(refused << ": " << r.out);
+    CHECK(r.status == 1);
+    CHECK_THAT(r.out, ContainsSubstring("null media keep no data"));
+  }
+  // What runs there gets past that check (to the GPU, which CI lacks).
+  r = bam_graph("pagerank --no-validate --no-baselines " + (t / "g") + " --device emu-gpu:null=64M");
+  CHECK_THAT(r.out, !ContainsSubstring("null media keep no data"));
 #endif
 }

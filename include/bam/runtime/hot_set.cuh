@@ -187,7 +187,7 @@ public:
     rows_ = std::exchange(o.rows_, 0);
     table_ = std::exchange(o.table_, 0);
     count_ = std::exchange(o.count_, 0);
-    where_ = o.where_;
+    where_ = std::exchange(o.where_, hot_memory::host);
     bits_ = std::move(o.bits_);
     before_ = std::move(o.before_);
     host_data_ = std::move(o.host_data_);

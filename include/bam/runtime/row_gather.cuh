@@ -27,8 +27,8 @@
 //!    (which one is unspecified, and may differ from element to element).
 //!    A hot set made before is not updated (it is a snapshot).
 //!
-//!  - `<bam/runtime/hot_set.cuh>`: `bam::hot_rows<T>`, rows served from
-//!    pinned host memory instead of the cache (`gather_row(a, id, row_width,
+//!  - `<bam/runtime/hot_set.cuh>`: `bam::hot_rows<T>`, rows served from a
+//!    copy in pinned host memory or GPU memory instead of the cache (`gather_row(a, id, row_width,
 //!    out, hot.ref())`, `gather_rows(a, d_ids, count, row_width, d_out, hot,
 //!    stream)`).
 //!  - `<bam/runtime/row_holds.cuh>`: `bam::row_holds<T>`, look-ahead holds
@@ -120,9 +120,13 @@ template <class T>
 BAM_DEVICE bool gather_row(const array_ref<T>& a, std::uint64_t id, std::uint64_t row_width, T* out,
                            const hot_rows_ref<T>& hot) {
   if (const T* h = row_width == hot.row_width() ? hot.find(id) : nullptr; h != nullptr) {
-    // 16 bytes a lane where the row and `out` allow it.
-    (void)detail::warp_copy_out(reinterpret_cast<unsigned char*>(out), reinterpret_cast<const unsigned char*>(h),
-                                row_width * sizeof(T), detail::lane_id(), 0);
+    const std::uint64_t len = row_width * sizeof(T);
+    if (len % 4 == 0) // 16 bytes (else 4) a lane where the row and `out` allow it
+      (void)detail::warp_copy_out(reinterpret_cast<unsigned char*>(out), reinterpret_cast<const unsigned char*>(h), len,
+                                  detail::lane_id(), 0);
+    else // element by element, never byte by byte
+      for (std::uint64_t k = detail::lane_id(); k < row_width; k += 32)
+        out[k] = h[k];
     return true;
   }
   return gather_row(a, id, row_width, out);
@@ -392,7 +396,7 @@ void gather_rows(array<T>& a, const Id* d_ids, std::uint64_t count, std::uint64_
 }
 
 //! The same, with the rows of the hot set `hot` (<bam/runtime/hot_set.cuh>)
-//! read from its host copy. Throws `bam::error` when `hot` was made for
+//! read from its copy. Throws `bam::error` when `hot` was made for
 //! another row width or another table.
 template <class T, class Id>
 void gather_rows(array<T>& a, const Id* d_ids, std::uint64_t count, std::uint64_t row_width, T* d_out,
