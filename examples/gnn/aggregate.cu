@@ -459,12 +459,13 @@ private:
     const std::size_t parts =
         cache_->config().group.name.empty() ? cache_->devices().size() : static_cast<std::size_t>(o_.gpus);
     f_.cache_bytes_by_gpu.assign(parts, 0);
-    for (std::uint64_t s = 0; s < cache_->slot_count(); ++s)
-      f_.cache_bytes_by_gpu[cache_->slot_part(s)] += cache_->page_size();
+    std::uint64_t run = 0; // slots per run: where the second part begins (0: all in the first run)
+    for (std::uint64_t s = 0; s < cache_->slot_count(); ++s) {
+      const std::size_t part = cache_->slot_part(s);
+      f_.cache_bytes_by_gpu[part] += cache_->page_size();
+      if (run == 0 && part != cache_->slot_part(0)) run = s;
+    }
     if (gpu_ != 0 || o_.json_stdout) return;
-    std::uint64_t run = 1; // slots per run: where the second part begins
-    while (run < cache_->slot_count() && cache_->slot_part(run) == cache_->slot_part(0))
-      ++run;
     std::string list;
     bool even = true;
     for (std::size_t g = 0; g < parts; ++g) {
@@ -472,7 +473,7 @@ private:
       even = even && f_.cache_bytes_by_gpu[g] == f_.cache_bytes_by_gpu[0];
     }
     std::printf("the cache's pages on GPUs 0 .. %zu: %s", parts - 1, list.c_str());
-    if (!even && run < cache_->slot_count())
+    if (!even && run != 0)
       std::printf(" (its slots go to the GPUs in runs of %llu, %llu MiB: --cache-mib a multiple of that spreads "
                   "it evenly)",
                   static_cast<unsigned long long>(run),
