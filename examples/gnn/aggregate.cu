@@ -453,34 +453,22 @@ public:
 
 private:
   //! A cache spread over the GPUs: the bytes each GPU's part holds (the
-  //! parts come in whole runs of slots, so some may be larger, or empty),
-  //! said once by the first GPU.
+  //! parts come in runs of slots, so they may differ by up to a run), said
+  //! once by the first GPU.
   void describe_parts() {
     const std::size_t parts =
         cache_->config().group.name.empty() ? cache_->devices().size() : static_cast<std::size_t>(o_.gpus);
     f_.cache_bytes_by_gpu.assign(parts, 0);
-    std::uint64_t run = 0; // slots per run: where the second part begins (0: all in the first run)
-    for (std::uint64_t s = 0; s < cache_->slot_count(); ++s) {
-      const std::size_t part = cache_->slot_part(s);
-      f_.cache_bytes_by_gpu[part] += cache_->page_size();
-      if (run == 0 && part != cache_->slot_part(0)) run = s;
+    for (std::uint64_t s = 0; s < cache_->slot_count(); s += cache_->run_slots()) {
+      const std::uint64_t n = std::min<std::uint64_t>(cache_->run_slots(), cache_->slot_count() - s);
+      f_.cache_bytes_by_gpu[cache_->slot_part(s)] += n * cache_->page_size();
     }
     if (gpu_ != 0 || o_.json_stdout) return;
     std::string list;
-    bool even = true;
-    for (std::size_t g = 0; g < parts; ++g) {
+    for (std::size_t g = 0; g < parts; ++g)
       list += (g == 0 ? "" : ", ") + std::to_string(f_.cache_bytes_by_gpu[g] >> 20) + " MiB";
-      even = even && f_.cache_bytes_by_gpu[g] == f_.cache_bytes_by_gpu[0];
-    }
-    std::printf("the cache's pages on GPUs 0 .. %zu: %s", parts - 1, list.c_str());
-    if (!even && run != 0)
-      std::printf(" (its slots go to the GPUs in runs of %llu, %llu MiB: --cache-mib a multiple of that spreads "
-                  "it evenly)",
-                  static_cast<unsigned long long>(run),
-                  static_cast<unsigned long long>(run * cache_->page_size() >> 20));
-    else if (!even)
-      std::printf(" (fewer slots than one run of them: a larger cache spreads over the GPUs)");
-    std::printf("\n");
+    std::printf("the cache's pages on GPUs 0 .. %zu: %s (in runs of %llu KiB)\n", parts - 1, list.c_str(),
+                static_cast<unsigned long long>(cache_->run_slots() * cache_->page_size() >> 10));
   }
 
   aggregate_options o_;

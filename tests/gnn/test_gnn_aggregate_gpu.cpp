@@ -8,6 +8,7 @@
 #include "gnn_test_util.hpp"
 
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
 #include <nlohmann/json.hpp>
 
 #include <cuda_runtime.h>
@@ -95,12 +96,12 @@ TEST_CASE("bam-gnn aggregate on two GPUs, a thread or a process each, a cache ea
     CHECK(r->j["cache_bytes_per_gpu"].get<std::uint64_t>() == 16u << 20);
   }
   // One cache's parts, GPU by GPU: the slots go to the GPUs in runs of
-  // 262,144, so a cache of 32 MiB of 4 KiB pages (8,192 slots) is all on
-  // the first GPU.
+  // 2 MiB of pages, so a cache of 32 MiB is half on each.
   for (const aggregate_run* r : {&threads_node, &processes_node}) {
     REQUIRE(r->j.contains("cache_bytes_by_gpu"));
-    CHECK(r->j["cache_bytes_by_gpu"] == nlohmann::json::array({32u << 20, 0u}));
+    CHECK(r->j["cache_bytes_by_gpu"] == nlohmann::json::array({16u << 20, 16u << 20}));
   }
+  CHECK_THAT(threads_node.out, Catch::Matchers::ContainsSubstring("the cache's pages on GPUs 0 .. 1: 16 MiB, 16 MiB"));
   CHECK_FALSE(threads_own.j.contains("cache_bytes_by_gpu"));
   CHECK(threads_own.j["cache_layout"] == "a cache per GPU");
   CHECK(threads_node.j["cache_layout"] == "one cache spread over the GPUs");

@@ -799,7 +799,9 @@ void run_storm(const storm_config& k) {
     for (int g = 0; g < gpus; ++g)
       cc.devices.push_back(g);
   bam::page_cache cache(cc);
-  if (gpus > 1) REQUIRE(cache.slot_device(cache.slot_count() - 1) == gpus - 1); // slots on every GPU
+  if (gpus > 1) // slots on every GPU
+    for (int g = 0; g < gpus; ++g)
+      REQUIRE(cache.slot_device(static_cast<std::uint64_t>(g) * cache.run_slots()) == g);
   std::vector<std::optional<bam::array<elem>>> arrays(static_cast<std::size_t>(gpus));
   for (int g = 0; g < gpus; ++g)
     arrays[static_cast<std::size_t>(g)].emplace(cache, *storages[static_cast<std::size_t>(g)], k.n, 0,

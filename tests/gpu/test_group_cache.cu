@@ -88,8 +88,9 @@ TEST_CASE("two processes share one cache: pages one writes are hits for the othe
   scratch_name n;
   bam::storage s("emu-gpu:shm=" + n.name + ",size=" + std::to_string(media_bytes));
   const std::string g = group_name();
-  // 512-byte pages: runs of 128 MiB, eight of them, four on each process's
-  // GPU; sets enough that no page of the table is evicted.
+  // 512-byte pages: runs of 8 MiB (a 64th of a process's 512 MiB), 128 of
+  // them, 64 on each process's GPU; sets enough that no page of the table
+  // is evicted.
   constexpr std::size_t page = 512, capacity = 1ull << 30;
   peer p = start_peer("emu-gpu:shm=" + n.name, g, peer_gpu(), page, capacity);
   bam::page_cache cache(group_config(g, 0, 2, page, capacity));

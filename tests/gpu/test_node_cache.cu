@@ -13,6 +13,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -28,8 +29,9 @@ bool peers(int a, int b) {
   return ab != 0 && ba != 0;
 }
 
-// 512-byte pages: a run of the spread cache (262,144 slots) is 128 MiB, so a
-// 256 MiB cache has slots on both GPUs.
+// 512-byte pages: a run of the spread cache is 2 MiB (4,096 slots: the
+// GPUs' allocation granularity, a 64th of a GPU's 128 MiB), so a 256 MiB
+// cache has 64 runs on each GPU.
 constexpr std::size_t small_page = 512;
 constexpr std::size_t node_cache_bytes = 256ull << 20;
 
@@ -63,10 +65,13 @@ TEST_CASE("a cache over two GPUs: slots on both, one copy of a page for both GPU
   bam::page_cache cache({.page_size = small_page, .capacity = node_cache_bytes, .devices = {0, 1}});
   CHECK(cache.devices() == std::vector<int>{0, 1});
   CHECK(cache.slot_count() == node_cache_bytes / small_page);
-  // Runs of 262,144 slots on the GPUs in turn.
+  // Runs of 2 MiB of pages on the GPUs in turn.
+  const std::uint64_t run = cache.run_slots();
+  CHECK(run * small_page == 2u << 20);
   CHECK(cache.slot_device(0) == 0);
-  CHECK(cache.slot_device(262143) == 0);
-  CHECK(cache.slot_device(262144) == 1);
+  CHECK(cache.slot_device(run - 1) == 0);
+  CHECK(cache.slot_device(run) == 1);
+  CHECK(cache.slot_device(2 * run) == 0);
   CHECK(cache.slot_device(cache.slot_count() - 1) == 1);
 
   bam::storage s0(dev, {.device = 0});
@@ -229,6 +234,60 @@ TEST_CASE("a cache over two GPUs: pages written by both GPUs at once while pages
   CHECK(bad == 0);
 }
 
+TEST_CASE("a cache over two GPUs of any size holds half of its pages on each GPU, and serves both from either",
+          "[node-cache][gpu]") {
+  if (gpu_count() < 2) SKIP("this test needs 2 GPUs; " << gpu_count() << " found");
+  if (!peers(0, 1)) SKIP("GPUs 0 and 1 have no peer access");
+  // 4 KiB pages, 768 MiB: less than a GiB for each GPU, and not a power of two.
+  constexpr std::size_t page = 4096, capacity = 768ull << 20;
+  bam::page_cache cache({.page_size = page, .capacity = capacity, .devices = {0, 1}});
+  const std::uint64_t run = cache.run_slots();
+  REQUIRE(run != 0);
+  std::uint64_t on0 = 0;
+  for (std::uint64_t k = 0; k < cache.slot_count(); ++k)
+    on0 += cache.slot_part(k) == 0 ? 1 : 0;
+  const std::uint64_t on1 = cache.slot_count() - on0;
+  INFO("slots " << cache.slot_count() << ", runs of " << run << ": " << on0 << " on GPU 0, " << on1 << " on GPU 1");
+  CHECK(on0 + run >= on1);
+  CHECK(on1 + run >= on0);
+  CHECK(on1 > 0);
+
+  // Each part is in its GPU's memory: the first and last slot of every run.
+  const std::uint8_t* data = cache.state()->data();
+  std::uint64_t misplaced = 0;
+  for (std::uint64_t k = 0; k < cache.slot_count(); k += run)
+    for (const std::uint64_t slot : {k, std::min(k + run, cache.slot_count()) - 1}) {
+      cudaPointerAttributes at{};
+      BAM_CUDA_TRY(cudaPointerGetAttributes(&at, data + slot * page));
+      misplaced += at.type != cudaMemoryTypeDevice || at.device != cache.slot_device(slot) ? 1 : 0;
+    }
+  CHECK(misplaced == 0);
+
+  // GPU 0 writes a 64 MiB table into the cache (its pages land in both
+  // parts, all over the runs); GPU 1 reads it there, without a flush, and
+  // then GPU 0 too: no two runs share memory.
+  scratch_name n;
+  constexpr std::uint64_t words = (64ull << 20) / 4;
+  const std::string dev = "emu-gpu:shm=" + n.name + ",size=" + std::to_string(words * 4) + ",unlink";
+  bam::storage s0(dev, {.device = 0});
+  bam::storage s1(dev, {.device = 1});
+  bam::array<std::uint32_t> a0(cache, s0, words);
+  bam::array<std::uint32_t> a1(cache, s1, words);
+  {
+    const bam::device_scope on(0);
+    write_table<<<grid_blocks, block_threads>>>(a0.ref(), 0, words, 5);
+    BAM_CUDA_TRY(cudaGetLastError());
+    BAM_CUDA_TRY(cudaDeviceSynchronize());
+    a0.check();
+  }
+  for (auto* a : {&a1, &a0}) {
+    const tally t = check_on(*a, 0, words, 5);
+    CHECK(t.done == words);
+    CHECK(t.bad == 0);
+  }
+  CHECK(cache.counters(1).misses < words * 4 / page / 50);
+}
+
 TEST_CASE("a cache over two GPUs refuses what it cannot serve, with the reason", "[node-cache][gpu]") {
   if (gpu_count() < 2) SKIP("this test needs 2 GPUs; " << gpu_count() << " found");
   if (!peers(0, 1)) SKIP("GPUs 0 and 1 have no peer access");
@@ -389,7 +448,7 @@ void two_gpu_overload(const overload_case& k) {
   scratch_name n;
   const std::string dev = "emu-gpu:shm=" + n.name + ",size=" + std::to_string(k.words * 4) + ",unlink";
   bam::page_cache cache({.page_size = k.page, .capacity = k.cache, .devices = {0, 1}});
-  REQUIRE(cache.slot_device(cache.slot_count() - 1) == 1); // slots on both GPUs
+  REQUIRE(cache.slot_device(cache.run_slots()) == 1); // slots on both GPUs
   bam::storage s0(dev, {.device = 0});
   bam::storage s1(dev, {.device = 1});
   {

@@ -33,10 +33,10 @@
 //!    storages of that GPU (`storage::device`; another is refused at attach),
 //!    and its host operations make that GPU current themselves.
 //!  - Several GPUs, one cache (`page_cache_config::devices`): the slots are
-//!    spread over the GPUs' memory, in runs of `spread_run_slots` slots
-//!    placed on the GPUs in turn (262,144 slots: 1 GiB of 4 KiB pages on
-//!    every current GPU), so a cache of fewer runs than GPUs leaves some
-//!    GPUs without slots. A page's set, a hash of its key, decides its slot
+//!    spread over the GPUs' memory, in runs of slots placed on the GPUs in
+//!    turn (`spread_run_bytes`: 2 MiB of pages, or a 64th of a GPU's part
+//!    when that is more), so each GPU holds an equal part of the cache,
+//!    within a run. A page's set, a hash of its key, decides its slot
 //!    and so its home GPU: the node holds one copy of it, a warp on any GPU
 //!    reads it where it is (over NVLink for another GPU's), and a miss loads
 //!    it into its home slot through the missing GPU's own queues. Each GPU
@@ -137,10 +137,20 @@ struct array_binding {
   std::uint64_t id = 0;
 };
 
-//! Slots per run of a cache spread over several GPUs: the state words of a
-//! run fill the smallest GPU allocation (2 MiB), so a run's state words and
-//! pages are on the same GPU.
-inline std::uint64_t spread_run_slots(std::size_t granularity) { return granularity / sizeof(std::uint64_t); }
+//! Most runs (allocations) of a spread cache's pages on one GPU.
+inline constexpr std::size_t max_spread_runs_per_part = 64;
+
+//! Bytes per run of `bytes` spread over `parts` GPUs: a multiple of the GPUs'
+//! allocation `granularity` (2 MiB on current GPUs), as small as keeps a
+//! GPU's part within `max_spread_runs_per_part` runs. Parts then differ by
+//! a run at most: a 64th of a part, or 2 MiB. The state words are spread
+//! in runs of their own, so a slot's state word may be on another GPU than
+//! its page.
+inline std::size_t spread_run_bytes(std::size_t bytes, std::size_t parts, std::size_t granularity) {
+  const std::size_t per_part = (bytes + parts - 1) / parts;
+  const std::size_t most = max_spread_runs_per_part * granularity;
+  return std::max<std::size_t>(1, (per_part + most - 1) / most) * granularity;
+}
 
 class cache_state {
 public:
@@ -185,11 +195,12 @@ public:
       std::size_t gran = gpu_page_size;
       for (const int d : devices_)
         gran = std::max(gran, spread_granularity(d));
-      run_slots_ = spread_run_slots(gran);
-      spread_data_ =
-          std::make_shared<spread_device_memory>(nslots * cfg.page_size, run_slots_ * cfg.page_size, devices_);
-      spread_slots_ = std::make_shared<spread_device_memory>(nslots * sizeof(std::uint64_t),
-                                                             run_slots_ * sizeof(std::uint64_t), devices_);
+      const std::size_t run = spread_run_bytes(nslots * cfg.page_size, devices_.size(), gran);
+      run_slots_ = run / cfg.page_size;
+      spread_data_ = std::make_shared<spread_device_memory>(nslots * cfg.page_size, run, devices_);
+      spread_slots_ = std::make_shared<spread_device_memory>(
+          nslots * sizeof(std::uint64_t), spread_run_bytes(nslots * sizeof(std::uint64_t), devices_.size(), gran),
+          devices_);
       data_ptr_ = spread_data_->data();
       data_bytes_ = spread_data_->size();
       slots_ptr_ = reinterpret_cast<std::uint64_t*>(spread_slots_->data());
@@ -288,6 +299,10 @@ public:
     const std::size_t parts = group_ ? static_cast<std::size_t>(cfg_.group.size) : devices_.size();
     return parts == 1 ? 0 : static_cast<std::size_t>((slot / run_slots_) % parts);
   }
+  //! The pages' memory: slot k's page at `k * page_size` bytes from here.
+  std::uint8_t* data() const { return data_ptr_; }
+  //! Slots per run of a spread cache (0: one GPU's cache).
+  std::uint64_t run_slots() const { return spread() ? run_slots_ : 0; }
   //! Pages spread over several GPUs (of this process or of a group).
   bool spread() const { return devices_.size() > 1 || group_; }
   bool grouped() const { return group_; }
@@ -756,12 +771,13 @@ private:
       throw error::invalid_input("page_cache: group '" + g.name + "' of " + std::to_string(g.size) +
                                  " processes has no rank " + std::to_string(g.rank));
     const std::size_t gran = std::max(gpu_page_size, spread_granularity(device_));
-    run_slots_ = spread_run_slots(gran);
-    const spread_device_memory::group_part part{static_cast<std::size_t>(g.size), static_cast<std::size_t>(g.rank),
-                                                device_};
-    spread_slots_ = std::make_shared<spread_device_memory>(nslots_ * sizeof(std::uint64_t),
-                                                           run_slots_ * sizeof(std::uint64_t), part);
-    spread_data_ = std::make_shared<spread_device_memory>(nslots_ * cfg_.page_size, run_slots_ * cfg_.page_size, part);
+    const auto parts = static_cast<std::size_t>(g.size);
+    const std::size_t run = spread_run_bytes(nslots_ * cfg_.page_size, parts, gran);
+    run_slots_ = run / cfg_.page_size;
+    const spread_device_memory::group_part part{parts, static_cast<std::size_t>(g.rank), device_};
+    spread_slots_ = std::make_shared<spread_device_memory>(
+        nslots_ * sizeof(std::uint64_t), spread_run_bytes(nslots_ * sizeof(std::uint64_t), parts, gran), part);
+    spread_data_ = std::make_shared<spread_device_memory>(nslots_ * cfg_.page_size, run, part);
     // Sets, then statuses: one run, made by rank 0.
     const std::size_t sets_bytes = (nslots_ / cfg_.ways * sizeof(cache_set) + 255) / 256 * 256;
     const std::size_t meta_bytes = sets_bytes + nslots_ * sizeof(std::uint16_t);
@@ -769,10 +785,10 @@ private:
     if (g.rank == 0) directory_ = group_directory::create(g.name);
 
     // Files of rank r, in order: [the directory (rank 0)], state-word runs, page runs, [sets and statuses (rank 0)].
-    spread_device_memory* const parts[] = {spread_slots_.get(), spread_data_.get(), group_meta_.get()};
+    spread_device_memory* const parts_of[] = {spread_slots_.get(), spread_data_.get(), group_meta_.get()};
     auto files_of = [&](int r) {
       std::size_t n = r == 0 ? 1 : 0;
-      for (auto* m : parts)
+      for (auto* m : parts_of)
         n += m->runs_of(static_cast<std::size_t>(r));
       return n;
     };
@@ -783,7 +799,7 @@ private:
         --i;
       }
       for (int o = 0; o < 3; ++o) {
-        const std::size_t n = parts[o]->runs_of(static_cast<std::size_t>(r));
+        const std::size_t n = parts_of[o]->runs_of(static_cast<std::size_t>(r));
         if (i < n) return {o, static_cast<std::size_t>(r) + i * static_cast<std::size_t>(g.size)};
         i -= n;
       }
@@ -798,7 +814,7 @@ private:
         [&](std::size_t i) {
           const auto [o, k] = which(g.rank, i);
           if (o < 0) return ::dup(directory_.file());
-          return parts[o]->export_run(k);
+          return parts_of[o]->export_run(k);
         },
         files_of,
         [&](int r, std::size_t i, int fd) {
@@ -806,9 +822,9 @@ private:
           if (o < 0)
             directory_ = group_directory::open(fd, g.name);
           else
-            parts[o]->import_run(k, fd);
+            parts_of[o]->import_run(k, fd);
         });
-    for (auto* m : parts)
+    for (auto* m : parts_of)
       m->grant({device_});
     data_ptr_ = spread_data_->data();
     data_bytes_ = spread_data_->size();
@@ -938,7 +954,7 @@ private:
   // Freed after every mapping of them is undone (declared first).
   aligned_device_memory data_;                         // one GPU
   std::shared_ptr<spread_device_memory> spread_data_;  // several GPUs
-  std::shared_ptr<spread_device_memory> spread_slots_; // several GPUs: the state words beside their pages
+  std::shared_ptr<spread_device_memory> spread_slots_; // several GPUs: the state words
   std::uint8_t* data_ptr_ = nullptr;
   std::size_t data_bytes_ = 0;
   std::uint64_t* slots_ptr_ = nullptr;
@@ -987,6 +1003,9 @@ public:
   //! The index in `config().devices` of that GPU, or the rank of the
   //! process whose GPU it is (a group).
   std::size_t slot_part(std::uint64_t slot) const { return s_->slot_part(slot); }
+  //! A cache over several GPUs places its slots on them in runs of this
+  //! many, in turn (0: a cache of one GPU).
+  std::uint64_t run_slots() const { return s_->run_slots(); }
   //! GPU memory held by metadata (state words, statuses, sets, space table, counters).
   std::size_t metadata_bytes() const {
     return slot_count() * (sizeof(std::uint64_t) + sizeof(std::uint16_t)) +
