@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
 """summary.json and gnn-hot-replica.png from this folder's bam-gnn aggregate JSON files
-(4xh200/json: the 4-GPU machine; 2xh200/json: the 2-GPU machine)."""
+(4xh200/json: the 4-GPU machine; 4xh200-even/json: a later session on a 4-GPU
+machine, the cache's parts equal; 2xh200/json: the 2-GPU machine)."""
 import json
 import pathlib
 import statistics
@@ -28,6 +29,11 @@ ROWS = [
     ("4xh200", "g2-hot256", "one cache + 256 MiB hot"),
     ("4xh200", "g2-own-if3", "a cache each, 3 in flight"),
     ("4xh200", "g2-node-if3", "one cache, 3 in flight"),
+    ("4xh200-even", "g4-own", "a cache each"),
+    ("4xh200-even", "g4-node", "one cache"),
+    ("4xh200-even", "g4-hot128", "one cache + 128 MiB hot"),
+    ("4xh200-even", "g4-hot256", "one cache + 256 MiB hot"),
+    ("4xh200-even", "g4-hot512", "one cache + 512 MiB hot"),
     ("2xh200", "x2-g1", "1 GPU"),
     ("2xh200", "x2-g2-own", "a cache each"),
     ("2xh200", "x2-g2-node", "one cache"),
@@ -48,6 +54,7 @@ def rounds(machine, prefix):
                     "hit_rate": d["cache"]["hit_rate"], "hot_row_fraction": hot.get("row_visit_fraction", 0.0),
                     "hot_bytes_per_gpu": hot.get("bytes", 0) // d["gpus"] if hot else 0,
                     "cache_bytes_per_gpu": d.get("cache_bytes_per_gpu", d["cache_bytes"]),
+                    "cache_bytes_by_gpu": d.get("cache_bytes_by_gpu"),
                     "ms_per_batch": {k: ms[k] for k in ("sampling", "gathering", "aggregation")}})
     return out
 
@@ -62,8 +69,9 @@ for machine, prefix, label in ROWS:
 # Ratios: to one GPU of the same machine, and to caches of their own at the same GPU count and layout.
 for key, v in summary.items():
     machine, prefix = key.split("/")
-    one = summary[f"{machine}/{'x2-g1' if machine == '2xh200' else 'g1'}"]["batches_per_s"]
-    v["x_one_gpu"] = v["batches_per_s"] / one
+    one = summary.get(f"{machine}/{'x2-g1' if machine == '2xh200' else 'g1'}")
+    if one:  # one GPU of the same session
+        v["x_one_gpu"] = v["batches_per_s"] / one["batches_per_s"]
     gpus = "g4" if "g4" in prefix else "g2" if "g2" in prefix else None
     if gpus:
         base = prefix.split(gpus)[0] + gpus + "-own"
@@ -92,9 +100,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 panels = [("4 GPUs (4 x H200)", "4xh200", ["g4-own", "g4-node", "g4-hot128", "g4-hot256", "g4-hot384", "g4-hot512"]),
+          ("4 GPUs, parts equal (4 x H200)", "4xh200-even", ["g4-own", "g4-node", "g4-hot128", "g4-hot256", "g4-hot512"]),
           ("2 GPUs (4 x H200 machine)", "4xh200", ["g2-own", "g2-node", "g2-hot64", "g2-hot128", "g2-hot256"]),
           ("2 GPUs (2 x H200 machine)", "2xh200", ["x2-g2-own", "x2-g2-node", "x2-g2-hot64"])]
-fig, axes = plt.subplots(1, 3, figsize=(13, 4.2), gridspec_kw={"width_ratios": [6, 5, 3]})
+fig, axes = plt.subplots(1, 4, figsize=(17, 4.2), gridspec_kw={"width_ratios": [6, 5, 5, 3]})
 for ax, (title, machine, prefixes) in zip(axes, panels):
     rows = [summary[f"{machine}/{p}"] for p in prefixes]
     bars = ax.bar(range(len(rows)), [r["batches_per_s"] for r in rows],
