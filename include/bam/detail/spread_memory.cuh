@@ -83,6 +83,22 @@ inline std::size_t spread_granularity(int device) {
   return g;
 }
 
+//! Most runs (allocations) of spread memory on one GPU, where runs of the
+//! granularity would make more.
+inline constexpr std::size_t max_spread_runs_per_part = 64;
+
+//! Bytes per run of `bytes` spread over `parts` GPUs: a multiple of the GPUs'
+//! allocation `granularity` (2 MiB on current GPUs), as small as keeps a
+//! GPU's part within `max_spread_runs_per_part` runs. Parts then differ by
+//! a run at most: a 64th of a part, or 2 MiB. (A page cache spreads its
+//! pages and its state words alike, each in runs of their own, so a slot's
+//! state word may be on another GPU than its page.)
+inline std::size_t spread_run_bytes(std::size_t bytes, std::size_t parts, std::size_t granularity) {
+  const std::size_t per_part = (bytes + parts - 1) / parts;
+  const std::size_t most = max_spread_runs_per_part * granularity;
+  return std::max<std::size_t>(1, (per_part + most - 1) / most) * granularity;
+}
+
 //! `bytes` of GPU memory at one address range, in runs of `run_bytes` (a
 //! multiple of every device's granularity) placed on GPUs in turn, zeroed.
 //!

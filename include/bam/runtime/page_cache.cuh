@@ -137,21 +137,6 @@ struct array_binding {
   std::uint64_t id = 0;
 };
 
-//! Most runs (allocations) of a spread cache's pages on one GPU.
-inline constexpr std::size_t max_spread_runs_per_part = 64;
-
-//! Bytes per run of `bytes` spread over `parts` GPUs: a multiple of the GPUs'
-//! allocation `granularity` (2 MiB on current GPUs), as small as keeps a
-//! GPU's part within `max_spread_runs_per_part` runs. Parts then differ by
-//! a run at most: a 64th of a part, or 2 MiB. The state words are spread
-//! in runs of their own, so a slot's state word may be on another GPU than
-//! its page.
-inline std::size_t spread_run_bytes(std::size_t bytes, std::size_t parts, std::size_t granularity) {
-  const std::size_t per_part = (bytes + parts - 1) / parts;
-  const std::size_t most = max_spread_runs_per_part * granularity;
-  return std::max<std::size_t>(1, (per_part + most - 1) / most) * granularity;
-}
-
 class cache_state {
 public:
   explicit cache_state(const page_cache_config& cfg) : cfg_(cfg) {
