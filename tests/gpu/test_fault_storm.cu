@@ -799,9 +799,11 @@ void run_storm(const storm_config& k) {
     for (int g = 0; g < gpus; ++g)
       cc.devices.push_back(g);
   bam::page_cache cache(cc);
-  if (gpus > 1) // slots on every GPU
+  if (gpus > 1) { // slots on every GPU
+    REQUIRE(cache.run_slots() * static_cast<std::uint64_t>(gpus - 1) < cache.slot_count());
     for (int g = 0; g < gpus; ++g)
       REQUIRE(cache.slot_device(static_cast<std::uint64_t>(g) * cache.run_slots()) == g);
+  }
   std::vector<std::optional<bam::array<elem>>> arrays(static_cast<std::size_t>(gpus));
   for (int g = 0; g < gpus; ++g)
     arrays[static_cast<std::size_t>(g)].emplace(cache, *storages[static_cast<std::size_t>(g)], k.n, 0,
@@ -1252,8 +1254,8 @@ namespace {
 
 //! Two GPUs, each with a storage of its own on one shared medium, reading
 //! and writing one array through one cache over both, the storm on all four
-//! controllers. 512-byte pages: the smallest cache with slots on both GPUs
-//! is 256 MiB (two runs of 262,144 slots), the array twice that.
+//! controllers. 512-byte pages, a 256 MiB cache (64 runs of 2 MiB on each
+//! GPU), the array twice that.
 storm_config two_gpu_storm(double seconds, const std::string& shm_name) {
   storm_config k;
   k.gpus = 2;

@@ -99,6 +99,7 @@ TEST_CASE("two processes share one cache: pages one writes are hits for the othe
   std::uint64_t mine = 0;
   for (std::uint64_t k = 0; k < cache.slot_count(); ++k)
     mine += cache.slot_part(k) == 0 ? 1 : 0;
+  CHECK(cache.run_slots() * page == 8u << 20);
   CHECK(mine == cache.slot_count() / 2);
   CHECK(cache.slot_device(0) == 0);
   CHECK(cache.slot_device(cache.slot_count() - 1) == -1); // the last run is rank 1's

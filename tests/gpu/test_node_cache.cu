@@ -448,6 +448,7 @@ void two_gpu_overload(const overload_case& k) {
   scratch_name n;
   const std::string dev = "emu-gpu:shm=" + n.name + ",size=" + std::to_string(k.words * 4) + ",unlink";
   bam::page_cache cache({.page_size = k.page, .capacity = k.cache, .devices = {0, 1}});
+  REQUIRE(cache.run_slots() < cache.slot_count());
   REQUIRE(cache.slot_device(cache.run_slots()) == 1); // slots on both GPUs
   bam::storage s0(dev, {.device = 0});
   bam::storage s1(dev, {.device = 1});
@@ -527,8 +528,7 @@ TEST_CASE("overload over two GPUs: both read and write one array at once through
   if (gpu_count() < 2) SKIP("this test needs 2 GPUs; " << gpu_count() << " found");
   if (!peers(0, 1)) SKIP("GPUs 0 and 1 have no peer access");
   // 512-byte pages, an array twice the cache (pages go back while both GPUs
-  // write them); 4 KiB pages, an array half the cache (a run of 262,144
-  // slots is 1 GiB: the smallest 4 KiB cache over two GPUs is 2 GiB).
+  // write them); 4 KiB pages, an array half the cache.
   const overload_case k = GENERATE(overload_case{512, 256ull << 20, (512ull << 20) / 4, 524'288, 16},
                                    overload_case{4096, 2ull << 30, (1ull << 30) / 4, 524'288, 16});
   two_gpu_overload(k);

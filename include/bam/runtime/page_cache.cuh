@@ -790,9 +790,13 @@ private:
       }
       throw error("page_cache: group file " + std::to_string(i) + " of rank " + std::to_string(r) + " out of range");
     };
+    // Every rank must cut the memory alike: the runs' lengths are part of
+    // what the ranks compare (they follow from each GPU's granularity).
     const std::string description = "pages of " + std::to_string(cfg_.page_size) + " B, " + std::to_string(nslots_) +
                                     " slots, " + std::to_string(cfg_.ways) + " ways, runs of " +
-                                    std::to_string(run_slots_) + " slots, " + std::to_string(g.size) + " processes";
+                                    std::to_string(run_slots_) + " slots and of " +
+                                    std::to_string(spread_run_bytes(nslots_ * sizeof(std::uint64_t), parts, gran)) +
+                                    " B of state words, " + std::to_string(g.size) + " processes";
     detail::group_spec spec{g.name, g.rank, g.size, std::chrono::milliseconds(g.timeout_ms)};
     exchange_files(
         spec, description, files_of(g.rank),
