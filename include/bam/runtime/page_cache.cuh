@@ -180,12 +180,9 @@ public:
       std::size_t gran = gpu_page_size;
       for (const int d : devices_)
         gran = std::max(gran, spread_granularity(d));
-      const std::size_t run = spread_run_bytes(nslots * cfg.page_size, devices_.size(), gran);
-      run_slots_ = run / cfg.page_size;
-      spread_data_ = std::make_shared<spread_device_memory>(nslots * cfg.page_size, run, devices_);
-      spread_slots_ = std::make_shared<spread_device_memory>(
-          nslots * sizeof(std::uint64_t), spread_run_bytes(nslots * sizeof(std::uint64_t), devices_.size(), gran),
-          devices_);
+      const auto [page_run, state_run] = spread_runs(devices_.size(), gran);
+      spread_data_ = std::make_shared<spread_device_memory>(nslots * cfg.page_size, page_run, devices_);
+      spread_slots_ = std::make_shared<spread_device_memory>(nslots * sizeof(std::uint64_t), state_run, devices_);
       data_ptr_ = spread_data_->data();
       data_bytes_ = spread_data_->size();
       slots_ptr_ = reinterpret_cast<std::uint64_t*>(spread_slots_->data());
@@ -747,6 +744,14 @@ private:
     }
   }
 
+  //! Cuts the memory of a cache spread over `parts` GPUs into runs (sets
+  //! `run_slots_`): the bytes of a run of pages, and of a run of state words.
+  std::pair<std::size_t, std::size_t> spread_runs(std::size_t parts, std::size_t gran) {
+    const std::size_t pages = spread_run_bytes(nslots_ * cfg_.page_size, parts, gran);
+    run_slots_ = pages / cfg_.page_size;
+    return {pages, spread_run_bytes(nslots_ * sizeof(std::uint64_t), parts, gran)};
+  }
+
   //! A group's memory: this process's runs of state words and pages (and,
   //! on rank 0, the sets, statuses and the directory of media), handed to
   //! the other processes, theirs taken from them.
@@ -756,13 +761,11 @@ private:
       throw error::invalid_input("page_cache: group '" + g.name + "' of " + std::to_string(g.size) +
                                  " processes has no rank " + std::to_string(g.rank));
     const std::size_t gran = std::max(gpu_page_size, spread_granularity(device_));
-    const auto parts = static_cast<std::size_t>(g.size);
-    const std::size_t run = spread_run_bytes(nslots_ * cfg_.page_size, parts, gran);
-    run_slots_ = run / cfg_.page_size;
-    const spread_device_memory::group_part part{parts, static_cast<std::size_t>(g.rank), device_};
-    spread_slots_ = std::make_shared<spread_device_memory>(
-        nslots_ * sizeof(std::uint64_t), spread_run_bytes(nslots_ * sizeof(std::uint64_t), parts, gran), part);
-    spread_data_ = std::make_shared<spread_device_memory>(nslots_ * cfg_.page_size, run, part);
+    const auto [page_run, state_run] = spread_runs(static_cast<std::size_t>(g.size), gran);
+    const spread_device_memory::group_part part{static_cast<std::size_t>(g.size), static_cast<std::size_t>(g.rank),
+                                                device_};
+    spread_slots_ = std::make_shared<spread_device_memory>(nslots_ * sizeof(std::uint64_t), state_run, part);
+    spread_data_ = std::make_shared<spread_device_memory>(nslots_ * cfg_.page_size, page_run, part);
     // Sets, then statuses: one run, made by rank 0.
     const std::size_t sets_bytes = (nslots_ / cfg_.ways * sizeof(cache_set) + 255) / 256 * 256;
     const std::size_t meta_bytes = sets_bytes + nslots_ * sizeof(std::uint16_t);
@@ -794,8 +797,7 @@ private:
     // what the ranks compare (they follow from each GPU's granularity).
     const std::string description = "pages of " + std::to_string(cfg_.page_size) + " B, " + std::to_string(nslots_) +
                                     " slots, " + std::to_string(cfg_.ways) + " ways, runs of " +
-                                    std::to_string(run_slots_) + " slots and of " +
-                                    std::to_string(spread_run_bytes(nslots_ * sizeof(std::uint64_t), parts, gran)) +
+                                    std::to_string(run_slots_) + " slots and of " + std::to_string(state_run) +
                                     " B of state words, " + std::to_string(g.size) + " processes";
     detail::group_spec spec{g.name, g.rank, g.size, std::chrono::milliseconds(g.timeout_ms)};
     exchange_files(
