@@ -60,7 +60,12 @@ struct common {
 //! Counts with decimal suffixes: 50M = 50,000,000.
 std::uint64_t parse_count(const std::string& s) {
   std::size_t n = 0;
-  const double v = std::stod(s, &n);
+  double v = 0;
+  try {
+    v = std::stod(s, &n);
+  } catch (const std::exception&) {
+    throw CLI::ValidationError("count", "'" + s + "' is not a count (a number, K, M or G after it)");
+  }
   const std::string suf = s.substr(n);
   double mult = 1;
   if (suf == "K" || suf == "k")
@@ -71,6 +76,9 @@ std::uint64_t parse_count(const std::string& s) {
     mult = 1e9;
   else if (!suf.empty())
     throw CLI::ValidationError("count", "unknown suffix '" + suf + "' (K, M, G)");
+  // A double converts to uint64 only below 2^64; negative counts and NaN are refused too.
+  if (!(v >= 0) || v * mult + 0.5 >= 18446744073709551616.0)
+    throw CLI::ValidationError("count", "'" + s + "' is not a count from 0 to 2^64 - 1");
   return static_cast<std::uint64_t>(v * mult + 0.5);
 }
 

@@ -333,8 +333,16 @@ struct import_options {
 
 namespace detail {
 
+//! Refuses a .npy file shorter than its header says, before anything is
+//! allocated for its payload.
+inline void require_whole_npy(const std::string& path, const npy_header& h) {
+  if (std::filesystem::file_size(path) < h.data_offset + h.data_bytes())
+    gnn_fail(path + ": the file is shorter than its header says", EIO);
+}
+
 template <class T>
 std::vector<std::int64_t> widen(const std::string& path, const npy_header& h) {
+  require_whole_npy(path, h);
   std::vector<T> raw(h.elements());
   npy_read(path, h, 0, raw.size(), raw.data());
   return {raw.begin(), raw.end()};
@@ -348,13 +356,33 @@ inline std::vector<std::int64_t> read_int_npy(const std::string& path) {
   gnn_fail(path + ": dtype " + h.dtype + " where integer ids are expected (int32 or int64)");
 }
 
-//! Calls f(src, dst, edge index) for every edge of an edge list, read in
-//! chunks: a .npy array of shape (E, 2) or (2, E) of int32/int64 ids, or a
-//! text file of two ids a line ('#' and '%' start comments).
+//! Refuses an edge list that is not a regular file: the importers read it
+//! twice (degrees, then placement), which a pipe or a terminal cannot give.
+inline void require_regular_file(const std::string& path) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (ec) gnn_fail(path + ": " + ec.message(), ec.value());
+  if (!std::filesystem::is_regular_file(st))
+    gnn_fail(path + ": not a regular file (a pipe or a device?): an edge list is read twice, so write it to a file "
+                    "first",
+             EINVAL);
+}
+
+//! Whether `path` names a NumPy file (by its suffix, in any case).
+inline bool npy_name(const std::string& path) {
+  if (path.size() < 4) return false;
+  std::string tail = path.substr(path.size() - 4);
+  std::transform(tail.begin(), tail.end(), tail.begin(), [](unsigned char c) { return std::tolower(c); });
+  return tail == ".npy";
+}
+
+//! Calls f(src, dst, edge index) for every edge of a .npy array of shape
+//! (E, 2) or (2, E) of int32/int64 ids, read in chunks.
 template <class F>
-void for_each_edge(const std::string& path, F&& f) {
-  if (path.size() > 4 && path.substr(path.size() - 4) == ".npy") {
+void for_each_npy_edge(const std::string& path, F&& f) {
+  {
     const npy_header h = npy_read_header(path);
+    require_whole_npy(path, h);
     if (h.shape.size() != 2 || (h.shape[0] != 2 && h.shape[1] != 2))
       gnn_fail(path + ": an edge array has shape (E, 2) or (2, E)");
     const bool pairs = h.shape[1] == 2; // (2, 2) is read as two pairs
@@ -386,8 +414,15 @@ void for_each_edge(const std::string& path, F&& f) {
       run(std::uint32_t{});
     else
       gnn_fail(path + ": dtype " + h.dtype + " where integer ids are expected (int32 or int64)");
-    return;
   }
+}
+
+//! Calls f(src, dst, edge index) for every edge of an edge list: a .npy
+//! array (`for_each_npy_edge`), or a text file of two ids a line ('#' and
+//! '%' start comments).
+template <class F>
+void for_each_edge(const std::string& path, F&& f) {
+  if (npy_name(path)) return for_each_npy_edge(path, f);
   std::ifstream in(path);
   if (!in) throw_errno("opening " + path);
   std::string line;
@@ -406,6 +441,7 @@ void for_each_edge(const std::string& path, F&& f) {
 //! CSR from an edge list, read twice (degrees, then placement) so that no
 //! edge list is held in memory: rows sorted, duplicates and self loops dropped.
 inline csr_graph csr_from_edges(std::uint64_t nodes, const std::string& path, bool undirected, unsigned threads) {
+  require_regular_file(path);
   std::vector<std::int64_t> deg(nodes, 0);
   for_each_edge(path, [&](std::int64_t s, std::int64_t d, std::uint64_t i) {
     for (const std::int64_t id : {s, d})
@@ -423,12 +459,19 @@ inline csr_graph csr_from_edges(std::uint64_t nodes, const std::string& path, bo
   std::vector<std::int64_t>& cur = deg; // reused as each row's next free position
   std::copy(g.indptr.begin(), g.indptr.end() - 1, cur.begin());
   g.indices.assign(static_cast<std::size_t>(g.indptr[nodes]), 0);
+  // The second read must give the first one's edges: a file changed in
+  // between is refused, never written past its rows.
+  auto changed = [&] { gnn_fail(path + ": the edge list changed while it was read", EIO); };
   for_each_edge(path, [&](std::int64_t s, std::int64_t d, std::uint64_t) {
+    if (s < 0 || d < 0 || static_cast<std::uint64_t>(s) >= nodes || static_cast<std::uint64_t>(d) >= nodes) changed();
     if (s == d) return;
-    g.indices[static_cast<std::size_t>(cur[static_cast<std::size_t>(s)]++)] = static_cast<std::int32_t>(d);
-    if (undirected)
-      g.indices[static_cast<std::size_t>(cur[static_cast<std::size_t>(d)]++)] = static_cast<std::int32_t>(s);
+    const auto us = static_cast<std::size_t>(s), ud = static_cast<std::size_t>(d);
+    if (cur[us] >= g.indptr[us + 1] || (undirected && cur[ud] >= g.indptr[ud + 1])) changed();
+    g.indices[static_cast<std::size_t>(cur[us]++)] = static_cast<std::int32_t>(d);
+    if (undirected) g.indices[static_cast<std::size_t>(cur[ud]++)] = static_cast<std::int32_t>(s);
   });
+  for (std::uint64_t u = 0; u < nodes; ++u)
+    if (cur[u] != g.indptr[u + 1]) changed();
   sort_and_merge_rows(g, thread_count(threads));
   return g;
 }
@@ -448,6 +491,11 @@ inline manifest import_dataset(const std::filesystem::path& dir, const import_op
   const std::uint64_t fsize = std::filesystem::file_size(o.features_npy);
   if (fsize < fh.data_offset + fh.data_bytes())
     detail::gnn_fail(o.features_npy + ": the file is shorter than its header says", EIO);
+  if (fh.shape[0] < 2)
+    detail::gnn_fail(o.features_npy + ": a feature table of " + std::to_string(fh.shape[0]) +
+                     " rows: a graph needs 2 nodes or more");
+  if (fh.shape[1] == 0 || fh.shape[1] > 0xffffffffull)
+    detail::gnn_fail(o.features_npy + ": rows of " + std::to_string(fh.shape[1]) + " features (1 to 2^32 - 1)");
   manifest m;
   m.nodes = fh.shape[0];
   m.features.dim = static_cast<std::uint32_t>(fh.shape[1]);
@@ -455,11 +503,11 @@ inline manifest import_dataset(const std::filesystem::path& dir, const import_op
   m.features.source = "imported";
   m.features.file = std::filesystem::absolute(o.features_npy).string();
   m.features.file_offset = fh.data_offset;
+  if (m.nodes > static_cast<std::uint64_t>(INT32_MAX))
+    detail::gnn_fail(o.features_npy + ": more than 2^31 - 1 nodes: the CSR stores 32-bit neighbour ids");
   std::filesystem::create_directories(dir);
   csr_graph g;
   if (!o.edges.empty()) {
-    if (m.nodes > static_cast<std::uint64_t>(INT32_MAX))
-      detail::gnn_fail("more than 2^31 - 1 nodes: the CSR stores 32-bit neighbour ids");
     g = detail::csr_from_edges(m.nodes, o.edges, o.undirected, o.threads);
     m.graph_source = "imported: edges " + std::filesystem::absolute(o.edges).string();
     m.undirected = o.undirected;
@@ -473,8 +521,13 @@ inline manifest import_dataset(const std::filesystem::path& dir, const import_op
     m.undirected = false;
   }
   m.edges = g.edges();
-  npy_write((dir / m.indptr_file).string(), "<i8", {g.indptr.size()}, g.indptr.data());
-  npy_write((dir / m.indices_file).string(), "<i4", {g.indices.size()}, g.indices.data());
+  // Whole or not there: the old manifest goes first, each file is written
+  // under a temporary name and renamed, the manifest last.
+  std::filesystem::remove(dir / manifest_name);
+  npy_write((dir / (m.indptr_file + ".partial")).string(), "<i8", {g.indptr.size()}, g.indptr.data());
+  npy_write((dir / (m.indices_file + ".partial")).string(), "<i4", {g.indices.size()}, g.indices.data());
+  std::filesystem::rename(dir / (m.indptr_file + ".partial"), dir / m.indptr_file);
+  std::filesystem::rename(dir / (m.indices_file + ".partial"), dir / m.indices_file);
   write_manifest(dir, m);
   return m;
 }

@@ -240,7 +240,7 @@ inline edge_format edge_format_of(const std::string& path, const std::string& na
     const std::size_t n = std::strlen(s);
     return path.size() >= n && path.compare(path.size() - n, n, s) == 0;
   };
-  if (ends(".npy")) return edge_format::npy;
+  if (gnn::detail::npy_name(path)) return edge_format::npy;
   if (ends(".mtx")) return edge_format::mtx;
   return edge_format::snap;
 }
@@ -267,6 +267,10 @@ inline bool next_id(const char*& p, std::uint64_t& v, bool& negative) {
   return *p == '\0' || *p == ' ' || *p == '\t' || *p == ',' || *p == '\r' || *p == '\n';
 }
 
+//! Node ids an imported graph may hold: 0 .. 2^31 - 2 (its offsets and
+//! neighbour ids are 32-bit signed where they are stored).
+inline constexpr std::uint64_t max_node_ids = static_cast<std::uint64_t>(INT32_MAX);
+
 //! Calls f(u, v) for each edge of a text edge list (SNAP or Matrix Market,
 //! ids 0-based as given to f); `max_id` receives the highest id a Matrix
 //! Market header allows (0 for SNAP). Errors name the file and line.
@@ -290,6 +294,11 @@ void for_each_text_edge(const std::string& path, bool mtx, std::uint64_t& max_id
       continue;
     }
     const auto at = line.find_first_not_of(" \t\r");
+    if (!mtx && at != std::string::npos && line.compare(at, 2, "%%") == 0) {
+      std::string banner = line.substr(at);
+      std::transform(banner.begin(), banner.end(), banner.begin(), [](unsigned char c) { return std::tolower(c); });
+      if (banner.rfind("%%matrixmarket", 0) == 0) fail("a Matrix Market file: pass --format mtx");
+    }
     if (at == std::string::npos || line[at] == '#' || line[at] == '%') continue;
     const char* p = line.c_str() + at;
     std::uint64_t a = 0, b = 0;
@@ -304,7 +313,11 @@ void for_each_text_edge(const std::string& path, bool mtx, std::uint64_t& max_id
         fail("expected the size line 'rows columns entries', found '" + line + "'");
       rows = a;
       cols = b;
-      max_id = std::max(rows, cols) == 0 ? 0 : std::max(rows, cols) - 1;
+      if (rows != cols)
+        fail("a " + std::to_string(rows) + " x " + std::to_string(cols) +
+             " matrix: a graph's adjacency matrix is square (rows and columns are the same nodes)");
+      if (rows == 0) fail("a 0 x 0 matrix: an empty graph");
+      max_id = rows - 1;
       have_size = true;
       continue;
     }
@@ -316,7 +329,7 @@ void for_each_text_edge(const std::string& path, bool mtx, std::uint64_t& max_id
       --a;
       --b;
     }
-    if (a > 0xfffffffeull || b > 0xfffffffeull) fail("node id past 2^32 - 2 (edges are stored as uint32)");
+    if (a >= max_node_ids || b >= max_node_ids) fail("node id past 2^31 - 2 (bam-graph stores 2^31 - 1 nodes at most)");
     f(a, b);
   }
   if (mtx && !have_size) gnn_fail(path + ": no size line 'rows columns entries'");
@@ -330,10 +343,11 @@ template <class F>
 void for_each_edge(const std::string& path, edge_format fmt, std::uint64_t& max_id, F&& f) {
   if (fmt != edge_format::npy) return for_each_text_edge(path, fmt == edge_format::mtx, max_id, f);
   max_id = 0;
-  gnn::detail::for_each_edge(path, [&](std::int64_t u, std::int64_t v, std::uint64_t i) {
-    if (u < 0 || v < 0 || u > 0xfffffffell || v > 0xfffffffell)
+  gnn::detail::for_each_npy_edge(path, [&](std::int64_t u, std::int64_t v, std::uint64_t i) {
+    if (u < 0 || v < 0 || static_cast<std::uint64_t>(u) >= max_node_ids ||
+        static_cast<std::uint64_t>(v) >= max_node_ids)
       gnn_fail(path + ": edge " + std::to_string(i) + " (" + std::to_string(u) + ", " + std::to_string(v) +
-               ") names a node id outside [0, 2^32 - 2]");
+               ") names a node id outside [0, 2^31 - 2] (bam-graph stores 2^31 - 1 nodes at most)");
     f(static_cast<std::uint64_t>(u), static_cast<std::uint64_t>(v));
   });
 }
@@ -353,9 +367,13 @@ struct import_options {
 //! loops are dropped.
 inline csr_graph csr_from_edge_list(const import_options& o) {
   const edge_format fmt = edge_format_of(o.edges, o.format);
+  gnn::detail::require_regular_file(o.edges);
   std::vector<std::int64_t> count;
   std::uint64_t max_id = 0, top = 0;
   detail::for_each_edge(o.edges, fmt, max_id, [&](std::uint64_t u, std::uint64_t v) {
+    // Before anything grows for it (ids are below max_node_ids here).
+    if (o.nodes != 0 && std::max(u, v) >= o.nodes)
+      gnn_fail(o.edges + ": node id " + std::to_string(std::max(u, v)) + " is past --nodes " + std::to_string(o.nodes));
     top = std::max({top, u + 1, v + 1});
     if (top > count.size()) count.resize(std::max<std::uint64_t>(top, 2 * count.size()));
     if (u == v) return;
@@ -375,11 +393,18 @@ inline csr_graph csr_from_edge_list(const import_options& o) {
     g.indptr[u + 1] = g.indptr[u] + count[u];
   g.indices.resize(static_cast<std::size_t>(g.indptr[nodes]));
   std::copy(g.indptr.begin(), g.indptr.end() - 1, count.begin()); // each row's next free slot
+  // The second read must give the first one's edges: a file changed in
+  // between is refused, never written past its rows.
+  auto changed = [&] { gnn_fail(o.edges + ": the edge list changed while it was read", EIO); };
   detail::for_each_edge(o.edges, fmt, max_id, [&](std::uint64_t u, std::uint64_t v) {
+    if (u >= nodes || v >= nodes) changed();
     if (u == v) return;
+    if (count[u] >= g.indptr[u + 1] || count[v] >= g.indptr[v + 1]) changed();
     g.indices[static_cast<std::size_t>(count[u]++)] = static_cast<std::int32_t>(v);
     g.indices[static_cast<std::size_t>(count[v]++)] = static_cast<std::int32_t>(u);
   });
+  for (std::uint64_t u = 0; u < nodes; ++u)
+    if (count[u] != g.indptr[u + 1]) changed();
   gnn::sort_and_merge_rows(g, gnn::detail::thread_count(o.threads));
   return g;
 }

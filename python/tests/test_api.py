@@ -279,6 +279,28 @@ def test_read_into_bad_buffers(image):
         bam.read(s, 0)
 
 
+def test_huge_offsets_and_sizes_are_refused_before_any_buffer(image):
+    s = bam.open(image)
+    # Past 64 bits: the public call's ValueError, not a binding's TypeError.
+    with pytest.raises(ValueError, match=r"bam.read: offset 18446744073709551616 is past 2\^64 - 1"):
+        bam.read(s, 2**64, 8)
+    with pytest.raises(ValueError, match=r"bam.read: nbytes .* is past 2\^64 - 1"):
+        bam.read(s, 0, 2**70)
+    # 4 EiB: refused by the range check, before numpy is asked for that much memory.
+    with pytest.raises(bam.Error, match="do not fit"):
+        bam.read(s, 0, 2**62)
+
+
+def test_read_into_a_bfloat16_tensor(image):
+    torch = pytest.importorskip("torch")
+    s = bam.open(image)
+    t = torch.arange(1024, dtype=torch.bfloat16)
+    bam.write(s, t, 0)
+    out = torch.zeros(1024, dtype=torch.bfloat16)
+    assert bam.read(s, 0, out=out) is out
+    assert torch.equal(out, t)
+
+
 # ---- futures -----------------------------------------------------------------
 
 
@@ -304,6 +326,13 @@ def test_async_errors_arrive_through_the_future(image):
         f.result(timeout=60)
     with pytest.raises(TypeError, match="offset must be an int"):
         s.read_async("0", 8)  # checked when called, not in the future
+    # So is out: its kind, whether it can be written, and its size.
+    with pytest.raises(ValueError, match="bam.read_async: out .*read-only"):
+        s.read_async(0, out=b"immutable")
+    with pytest.raises(TypeError, match="bam.read_async: out must be a writable buffer"):
+        s.read_async(0, 8, out=object())
+    with pytest.raises(ValueError, match="bam.read_async: nbytes 100 do not fit in out's 10 bytes"):
+        s.read_async(0, 100, out=bytearray(10))
 
 
 def test_io_threads_setting(monkeypatch):

@@ -292,6 +292,46 @@ def test_interrupted_file_load_resumes(tmp_path):
     np.testing.assert_array_equal(bam.read(s, 0, data.size), data)
 
 
+def test_load_state_file_where_asked_or_in_the_state_directory(tmp_path, monkeypatch):
+    """A file load records its progress in state_path; from a directory it
+    cannot write (a read-only mount), in the user's state directory."""
+    src_dir = tmp_path / "dataset"
+    src_dir.mkdir()
+    src = src_dir / "feats.bin"
+    data = np.random.default_rng(3).integers(0, 256, size=20 << 20, dtype=np.uint8)
+    data.tofile(src)
+    s = bam.open(f"emu:file={tmp_path / 'disk.img'},size=24M,timeout=60s")
+
+    def stop(done, total):
+        if done >= 3 << 20:
+            raise KeyboardInterrupt
+
+    state = tmp_path / "elsewhere.state"
+    with pytest.raises(KeyboardInterrupt):
+        s._h()._load_file(str(src), 0, True, stop, str(state))
+    assert state.exists() and not os.path.exists(str(src) + ".bam-load")
+    r = bam.load(s, src, progress=False, state_path=state)
+    assert 0 < r.resumed_chunks < 20 and not state.exists()
+    np.testing.assert_array_equal(bam.read(s, 0, data.size), data)
+    with pytest.raises(TypeError, match="state_path must be a str or os.PathLike"):
+        bam.load(s, src, progress=False, state_path=3)
+
+    # A source directory that cannot be written (os.access says so: as root,
+    # a chmod would not stop the write, so the check is what is exercised).
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, m, **kw: False if str(p) == str(src_dir) else real_access(p, m, **kw))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setattr(bam, "_progress", lambda what, on: (stop, lambda: None))
+    with pytest.raises(KeyboardInterrupt):
+        bam.load(s, src, offset=4096)
+    kept = list((tmp_path / "xdg" / "bam").glob("feats.bin-*.bam-load"))
+    assert len(kept) == 1 and not os.path.exists(str(src) + ".bam-load")
+    monkeypatch.setattr(bam, "_progress", lambda what, on: (None, lambda: None))
+    r = bam.load(s, src, offset=4096)
+    assert 0 < r.resumed_chunks < 20 and not kept[0].exists()
+    np.testing.assert_array_equal(bam.read(s, 4096, data.size), data)
+
+
 def test_interrupted_memory_load_leaves_no_state_file(tmp_path):
     import glob
     import tempfile

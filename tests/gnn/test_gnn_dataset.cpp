@@ -11,6 +11,7 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cmath>
@@ -229,6 +230,70 @@ TEST_CASE("import: an edge list and a CSR pair, features referenced in place", "
   CHECK_THROWS_WITH(bam::gnn::import_dataset(d / "csr2", o), ContainsSubstring("indptr ends at 4"));
 }
 
+TEST_CASE("import: feature tables and files a dataset cannot be made of are refused", "[gnn]") {
+  temp_dir d;
+  {
+    std::ofstream e(d / "edges.txt");
+    e << "0 1\n";
+  }
+  bam::gnn::import_options o;
+  o.edges = d / "edges.txt";
+  // No rows, or one: `info` and `check` once crashed on an empty table.
+  for (const std::uint64_t rows : {0, 1}) {
+    const std::vector<float> none(rows * 4);
+    bam::gnn::npy_write(d / "f.npy", "<f4", {rows, 4}, none.data());
+    o.features_npy = d / "f.npy";
+    CHECK_THROWS_WITH(bam::gnn::import_dataset(d / "ds", o), ContainsSubstring("a graph needs 2 nodes or more"));
+  }
+  // Rows without features.
+  bam::gnn::npy_write(d / "g.npy", "<f4", {5, 0}, static_cast<const float*>(nullptr));
+  o.features_npy = d / "g.npy";
+  CHECK_THROWS_WITH(bam::gnn::import_dataset(d / "ds", o), ContainsSubstring("rows of 0 features"));
+  CHECK_FALSE(std::filesystem::exists(d / "ds/manifest.json"));
+
+  // An indptr whose header declares 2^33 entries and holds none: refused
+  // from the file's size, before 64 GiB are allocated for it.
+  const std::vector<float> feats(5 * 4);
+  bam::gnn::npy_write(d / "feats.npy", "<f4", {5, 4}, feats.data());
+  o.features_npy = d / "feats.npy";
+  const std::vector<std::int64_t> one{0};
+  bam::gnn::npy_write(d / "indptr.npy", "<i8", {1}, one.data());
+  {
+    // The same header, its shape made 2^33 (padded to the header's length).
+    std::string text;
+    {
+      std::ifstream f(d / "indptr.npy", std::ios::binary);
+      text.assign(std::istreambuf_iterator<char>(f), {});
+    }
+    const auto at = text.find("(1,)");
+    REQUIRE(at != std::string::npos);
+    text.replace(at, 4, "(8589934592,)");
+    const auto nl = text.find('\n');
+    REQUIRE(nl != std::string::npos);
+    text.erase(nl - 9, 9); // the header stays a multiple of 64 bytes: fewer spaces before its newline
+    std::ofstream f(d / "indptr.npy", std::ios::binary | std::ios::trunc);
+    f << text.substr(0, nl - 9 + 1);
+  }
+  REQUIRE(bam::gnn::npy_read_header(d / "indptr.npy").shape.at(0) == 8589934592ull);
+  bam::gnn::npy_write(d / "indices.npy", "<i8", {1}, one.data());
+  o.edges.clear();
+  o.indptr_npy = d / "indptr.npy";
+  o.indices_npy = d / "indices.npy";
+  CHECK_THROWS_WITH(bam::gnn::import_dataset(d / "ds", o), ContainsSubstring("shorter than its header says"));
+}
+
+TEST_CASE("import: an edge list that is not a regular file is refused (it is read twice)", "[gnn]") {
+  temp_dir d;
+  const std::vector<float> feats(5 * 4);
+  bam::gnn::npy_write(d / "feats.npy", "<f4", {5, 4}, feats.data());
+  const std::string fifo = d / "edges.fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  bam::gnn::import_options o;
+  o.features_npy = d / "feats.npy";
+  o.edges = fifo;
+  CHECK_THROWS_WITH(bam::gnn::import_dataset(d / "ds", o), ContainsSubstring("not a regular file"));
+}
+
 TEST_CASE("bam-gnn make, rerun, load onto a software controller, check, info", "[gnn][cli]") {
   temp_dir d;
   const std::string ds = d / "ds";
@@ -269,6 +334,15 @@ TEST_CASE("bam-gnn make, rerun, load onto a software controller, check, info", "
   r = bam_gnn("check " + ds + " --rows 10");
   CHECK(r.status == 1);
   CHECK_THAT(r.out, ContainsSubstring("first: row 19999"));
+  // Counts that are none: named, not a library's exception text.
+  r = bam_gnn("make " + d / "x" + " --nodes abc --degree 4 --dim 4");
+  CHECK(r.status == 1);
+  CHECK_THAT(r.out, ContainsSubstring("'abc' is not a count"));
+  for (const char* n : {"-5", "1e30"}) {
+    r = bam_gnn("make " + d / "x" + " --nodes " + n + " --degree 4 --dim 4");
+    CHECK(r.status == 1);
+    CHECK_THAT(r.out, ContainsSubstring("is not a count from 0 to 2^64 - 1"));
+  }
 }
 
 TEST_CASE("bam-gnn make --no-features-file writes the table straight onto the device", "[gnn][cli]") {

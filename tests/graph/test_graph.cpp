@@ -13,6 +13,8 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <sys/stat.h>
+
 #include <cmath>
 #include <fstream>
 #include <numeric>
@@ -125,8 +127,61 @@ TEST_CASE("import: malformed input is refused, naming the file and line", "[grap
          "the file ends after 2 of the 3 entries");
   refuse("h.mtx", "%%MatrixMarket matrix coordinate pattern general\n%\nthree by three\n",
          "h.mtx:3: expected the size line");
+  // Square adjacency matrices only, and an empty one is an empty graph.
+  refuse("j.mtx", "%%MatrixMarket matrix coordinate pattern general\n3 5 2\n1 2\n3 5\n",
+         "j.mtx:2: a 3 x 5 matrix: a graph's adjacency matrix is square");
+  refuse("k.mtx", "%%MatrixMarket matrix coordinate pattern general\n0 0 0\n",
+         "k.mtx:2: a 0 x 0 matrix: an empty graph");
+  // A Matrix Market file read as SNAP text (no .mtx name) is named, not misread.
+  refuse("l.txt", "%%MatrixMarket matrix coordinate pattern general\n3 3 2\n1 2\n2 3\n",
+         "l.txt:1: a Matrix Market file: pass --format mtx");
+  // Ids a graph cannot hold are refused before anything is sized for them
+  // (an id of 2^32 - 2 once made the import zero 32 GiB first).
+  refuse("m.txt", "0 1\n0 4294967294\n", "m.txt:2: node id past 2^31 - 2");
+  refuse("n.txt", "0 2147483647\n", "node id past 2^31 - 2");
+  const std::vector<std::int64_t> far{0, 1, 2147483647, 3};
+  bam::gnn::npy_write(t / "far.npy", "<i8", {2, 2}, far.data());
+  o.edges = t / "far.npy";
+  CHECK_THROWS_WITH(bam::graph::csr_from_edge_list(o), ContainsSubstring("outside [0, 2^31 - 2]"));
   o.nodes = 2;
   refuse("i.txt", "0 1\n1 5\n", "node id 5 is past --nodes 2");
+  refuse("o.txt", "0 1\n1 2000000000\n", "node id 2000000000 is past --nodes 2");
+}
+
+TEST_CASE("import: --format npy reads any file name as NumPy; .NPY is NumPy too", "[graph]") {
+  temp_dir t;
+  const std::vector<std::int64_t> pairs{0, 1, 1, 2, 3, 1};
+  bam::gnn::npy_write(t / "edges.bin", "<i8", {3, 2}, pairs.data());
+  bam::gnn::npy_write(t / "E.NPY", "<i8", {3, 2}, pairs.data());
+  write_text(t / "e.txt", "0 1\n1 2\n3 1\n");
+  bam::graph::import_options o;
+  o.edges = t / "e.txt";
+  const csr_graph text = bam::graph::csr_from_edge_list(o);
+  o.edges = t / "edges.bin";
+  o.format = "npy";
+  const csr_graph bin = bam::graph::csr_from_edge_list(o);
+  CHECK(bin.indptr == text.indptr);
+  CHECK(bin.indices == text.indices);
+  o.edges = t / "E.NPY";
+  o.format = "";
+  const csr_graph upper = bam::graph::csr_from_edge_list(o);
+  CHECK(upper.indices == text.indices);
+  // A text file said to be NumPy is refused as one.
+  o.edges = t / "e.txt";
+  o.format = "npy";
+  CHECK_THROWS(bam::graph::csr_from_edge_list(o));
+}
+
+TEST_CASE("import: an edge list that is not a regular file is refused (it is read twice)", "[graph]") {
+  temp_dir t;
+  const std::filesystem::path fifo = t / "edges.fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  bam::graph::import_options o;
+  o.edges = fifo;
+  // Refused before it is opened: opening a FIFO with no writer would block.
+  CHECK_THROWS_WITH(bam::graph::csr_from_edge_list(o), ContainsSubstring("not a regular file"));
+  o.edges = t.path; // a directory
+  CHECK_THROWS_WITH(bam::graph::csr_from_edge_list(o), ContainsSubstring("not a regular file"));
 }
 
 TEST_CASE("CPU BFS, and the Graph500 validator catching wrong parents", "[graph]") {

@@ -129,7 +129,30 @@ def _count(call: str, name: str, value: Any) -> int:
         raise TypeError(f"{call}: {name} must be an int, got {_type_name(value)}") from None
     if n < 0:
         raise ValueError(f"{call}: {name} {n} is negative")
+    if n >= 1 << 64:
+        raise ValueError(f"{call}: {name} {n} is past 2^64 - 1")
     return n
+
+
+def _load_state_path(call: str, source: str, state_path: Any) -> str:
+    """Where a load of the file ``source`` records its progress: ``state_path``;
+    beside the source where its directory can be written; else a file of the
+    user's state directory named after the source's real path."""
+    if state_path is not None:
+        if not isinstance(state_path, (str, os.PathLike)):
+            raise TypeError(f"{call}: state_path must be a str or os.PathLike, got {_type_name(state_path)}")
+        p = os.fspath(state_path)
+        return p if isinstance(p, str) else os.fsdecode(p)
+    if os.access(os.path.dirname(os.path.abspath(source)) or ".", os.W_OK):
+        return ""  # bam's default: the source's path + ".bam-load"
+    import hashlib
+
+    real = os.path.realpath(source)
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    directory = os.path.join(base, "bam")
+    os.makedirs(directory, exist_ok=True)
+    digest = hashlib.sha256(real.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    return os.path.join(directory, f"{os.path.basename(real)}-{digest}.bam-load")
 
 
 def _is_cuda(x: Any) -> bool:
@@ -191,7 +214,10 @@ def _writable_bytes(call: str, out: Any) -> np.ndarray:
             raise TypeError(f"{call}: out is on {out.device}; host buffers and CUDA buffers are supported")
         if not out.is_contiguous():
             raise ValueError(f"{call}: out must be contiguous")
-        return _writable_bytes(call, out.detach().numpy())
+        import torch
+
+        # As bytes first: numpy has no bfloat16 or float8.
+        return _writable_bytes(call, out.detach().reshape(-1).view(torch.uint8).numpy())
     try:
         view = memoryview(out)
     except TypeError:
@@ -367,6 +393,7 @@ class Storage:
         if out is None:
             if nbytes is None:
                 raise TypeError(f"{call}: give nbytes, or out= (a buffer to read into)")
+            self._h()._check_read(offset, nbytes)  # before a buffer of that size is made
             buf = np.empty(nbytes, np.uint8)
             self._h()._read(offset, buf)
             return buf
@@ -414,12 +441,17 @@ class Storage:
         *,
         progress: bool = True,
         resume: bool = True,
+        state_path: Union[str, "os.PathLike[str]", None] = None,
     ) -> TransferResult:
         """Write ``source`` (a file path, a numpy array, a torch tensor, any
         buffer) onto the device at byte ``offset`` (a multiple of the LBA size),
         through the host controller (``bam::load_dataset``). A load from a file
-        is resumable (``resume``). A progress bar is drawn when tqdm is
-        installed and ``progress``."""
+        is resumable (``resume``): what reached the device is recorded in
+        ``state_path``, by default the source's path + ``.bam-load``, or, where
+        the source's directory cannot be written (a read-only mount), a file
+        under ``$XDG_STATE_HOME/bam`` (``~/.local/state/bam``) named after the
+        source. A progress bar is drawn when tqdm is installed and
+        ``progress``."""
         call = "bam.load"
         offset = _count(call, "offset", offset)
         update, close = _progress("load", progress)
@@ -432,7 +464,8 @@ class Storage:
                     raise IsADirectoryError(
                         errno.EISDIR, f"{call}: the source is a directory; load a file, an array or bytes", path
                     )
-                r = self._h()._load_file(path, offset, bool(resume), update)
+                state = _load_state_path(call, path, state_path)
+                r = self._h()._load_file(path, offset, bool(resume), update, state)
             else:
                 r = self._h()._load_bytes(_host_bytes(call, "source", source), offset, update)
         finally:
@@ -483,12 +516,17 @@ class Storage:
         """:meth:`read` on bam's I/O thread pool (:func:`bam.io_threads`): returns a
         ``concurrent.futures.Future`` of what :meth:`read` returns. The arguments
         are checked now; ``out`` must stay untouched until the future is done."""
+        call = "bam.read_async"
         self._h()
-        _count("bam.read_async", "offset", offset)
+        _count(call, "offset", offset)
         if nbytes is not None:
-            _count("bam.read_async", "nbytes", nbytes)
+            nbytes = _count(call, "nbytes", nbytes)
         elif out is None:
-            raise TypeError("bam.read_async: give nbytes, or out= (a buffer to read into)")
+            raise TypeError(f"{call}: give nbytes, or out= (a buffer to read into)")
+        if out is not None and not _is_cuda(out):
+            size = _writable_bytes(call, out).size  # the buffer's kind, place and size, now
+            if nbytes is not None and nbytes > size:
+                raise ValueError(f"{call}: nbytes {nbytes} do not fit in out's {size} bytes")
         return self._submit(lambda: self.read(offset, nbytes, out=out))
 
     def write_async(self, data: Any, offset: int = 0) -> "concurrent.futures.Future[int]":
@@ -619,6 +657,7 @@ def load(
     *,
     progress: bool = True,
     resume: bool = True,
+    state_path: Union[str, "os.PathLike[str]", None] = None,
 ) -> TransferResult:
     """Write ``source`` (a file path, a numpy array, a torch tensor, any buffer)
     onto ``storage`` at byte ``offset`` (a multiple of the LBA size); see
@@ -632,7 +671,7 @@ def load(
         )
         storage, source = source, storage  # type: ignore[assignment]
     with _opened(storage, "bam.load") as s:
-        return s.load(source, offset, progress=progress, resume=resume)
+        return s.load(source, offset, progress=progress, resume=resume, state_path=state_path)
 
 
 def dump(

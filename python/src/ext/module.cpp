@@ -174,13 +174,15 @@ public:
 
   //! A file (or block device) onto the device at byte `offset`; resumable
   //! where the host controller loads it.
-  transfer_result load_file(const std::string& path, std::uint64_t offset, bool resume, const transfer_control& ctl) {
+  transfer_result load_file(const std::string& path, std::uint64_t offset, bool resume, const std::string& state_path,
+                            const transfer_control& ctl) {
     std::unique_lock lock(mutex_);
     check_open();
     if (!gpu_) {
       dataset_options o;
       o.offset = offset;
       o.resume = resume;
+      o.state_path = state_path; // empty: beside the source
       if (ctl.progress) o.progress = [&](const transfer_progress& p) { ctl.progress(p.bytes_done, p.bytes_total); };
       o.cancel = ctl.cancel;
       controller& c = single_host("load");
@@ -235,6 +237,13 @@ public:
       src.read(pos, buf, n);
       gpu_->write_media(0, offset + pos, buf, n);
     });
+  }
+
+  //! What `read` checks first, before a buffer for it is made.
+  void check_read(std::uint64_t offset, std::uint64_t n) {
+    std::lock_guard lock(mutex_);
+    check_open();
+    check_range("read", offset, n);
   }
 
   //! `n` bytes at byte `offset` into `dst`.
@@ -534,11 +543,12 @@ NB_MODULE(_core, m) {
       .def(
           "_load_file",
           [](storage_handle& s, const std::string& path, std::uint64_t offset, bool resume,
-             std::optional<nb::callable> progress) {
+             std::optional<nb::callable> progress, const std::string& state_path) {
             python_transfer t(std::move(progress));
-            return as_dict(t.run([&](const transfer_control& ctl) { return s.load_file(path, offset, resume, ctl); }));
+            return as_dict(
+                t.run([&](const transfer_control& ctl) { return s.load_file(path, offset, resume, state_path, ctl); }));
           },
-          "path"_a, "offset"_a, "resume"_a, "progress"_a.none())
+          "path"_a, "offset"_a, "resume"_a, "progress"_a.none(), "state_path"_a = "")
       .def(
           "_load_bytes",
           [](storage_handle& s, host_bytes data, std::uint64_t offset, std::optional<nb::callable> progress) {
@@ -560,6 +570,10 @@ NB_MODULE(_core, m) {
             }));
           },
           "data"_a, "offset"_a, "progress"_a.none())
+      .def(
+          "_check_read",
+          [](storage_handle& s, std::uint64_t offset, std::uint64_t nbytes) { s.check_read(offset, nbytes); },
+          "offset"_a, "nbytes"_a)
       .def(
           "_read",
           [](storage_handle& s, std::uint64_t offset, host_buffer out) {
