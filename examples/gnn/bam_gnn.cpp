@@ -114,6 +114,10 @@ std::unique_ptr<bam::controller> open_one(const std::string& device) {
 //! Writes the feature table of the dataset in `dir` onto `device`; records where in the manifest.
 bam::gnn::manifest load_features(const fs::path& dir, const std::string& device, std::uint64_t offset,
                                  std::uint32_t nsid, const common& co) {
+  // A load stops cleanly on Ctrl-C, resumable; the other work (generating,
+  // importing, checking: files written under temporary names) just ends.
+  std::signal(SIGINT, on_interrupt);
+  std::signal(SIGTERM, on_interrupt);
   bam::gnn::manifest m = bam::gnn::read_manifest(dir);
   auto ctrl = open_one(device);
   bam::tools::progress_bar bar("features -> " + device, !co.quiet && !co.json);
@@ -309,8 +313,6 @@ int main(int argc, char** argv) {
                       "(bam::row_holds; the default; --no-lookahead: none)");
 
   CLI11_PARSE(app, argc, argv);
-  std::signal(SIGINT, on_interrupt);
-  std::signal(SIGTERM, on_interrupt);
   try {
     const fs::path d(dir);
     if (*make) {

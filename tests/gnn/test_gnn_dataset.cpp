@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -343,6 +344,27 @@ TEST_CASE("bam-gnn make, rerun, load onto a software controller, check, info", "
     CHECK(r.status == 1);
     CHECK_THAT(r.out, ContainsSubstring("is not a count from 0 to 2^64 - 1"));
   }
+}
+
+TEST_CASE("bam-gnn make stops at Ctrl-C, leaving no dataset behind", "[gnn][cli]") {
+  temp_dir d;
+  // SIGINT a second into making a graph of 5 M nodes on one thread (several
+  // seconds of work); were it ignored, timeout's SIGKILL 20 s later would
+  // end it (status 137).
+  const std::string cmd = "timeout -s INT -k 20 1 " + std::string(BAM_GNN_PATH) + " make " + d / "ds" +
+                          " --nodes 5M --degree 16 --dim 4 --no-features-file --threads 1 2>&1";
+  const auto t0 = std::chrono::steady_clock::now();
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, p)) {
+  }
+  const int st = ::pclose(p);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  REQUIRE(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 124); // timed out and ended by its SIGINT
+  CHECK(seconds < 15);
+  CHECK_FALSE(fs::exists(d / "ds/manifest.json"));
 }
 
 TEST_CASE("bam-gnn make --no-features-file writes the table straight onto the device", "[gnn][cli]") {
