@@ -200,14 +200,25 @@ inline make_result make_graph(const std::filesystem::path& dir, const make_optio
   r.m.degree = o.degree;
   r.m.seed = o.seed;
   if (std::filesystem::exists(dir / manifest_name)) {
-    const manifest old = read_manifest(dir);
-    if (old.source == "rmat" && old.scale == o.scale && old.degree == o.degree && old.seed == o.seed) {
-      r.m = old;
+    // A manifest that cannot be read (another tool's, or cut short) is
+    // another graph too: --force replaces it.
+    std::optional<manifest> old;
+    std::string unreadable;
+    try {
+      old = read_manifest(dir);
+    } catch (const std::exception& e) {
+      unreadable = e.what();
+    }
+    if (old && old->source == "rmat" && old->scale == o.scale && old->degree == o.degree && old->seed == o.seed) {
+      r.m = *old;
       r.already_there = true;
       return r;
     }
     if (!o.force)
-      gnn_fail((dir / manifest_name).string() + " describes another graph: pass --force to replace it", EEXIST);
+      gnn_fail((dir / manifest_name).string() +
+                   (old ? " describes another graph" : " cannot be read (" + unreadable + ")") +
+                   ": pass --force to replace it",
+               EEXIST);
     std::filesystem::remove(dir / manifest_name);
   }
   gnn::rmat_options go;

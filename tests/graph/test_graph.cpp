@@ -74,6 +74,13 @@ TEST_CASE("make: R-MAT of 2^scale nodes, symmetric, deduplicated, the same again
   CHECK(bam::graph::read_graph(t.path / "h", again.m).indices == g.indices);
   o.seed = 2;
   CHECK_THROWS_WITH(bam::graph::make_graph(t.path / "g", o), ContainsSubstring("--force"));
+  // A manifest cut short, or another tool's: refused, then replaced with --force.
+  write_text(t / "g/manifest.json", "{\"format\": \"bam-gnn\"");
+  CHECK_THROWS_WITH(bam::graph::make_graph(t.path / "g", o), ContainsSubstring("cannot be read"));
+  o.force = true;
+  const auto replaced = bam::graph::make_graph(t.path / "g", o);
+  CHECK_FALSE(replaced.already_there);
+  CHECK_NOTHROW(bam::graph::check_graph(t.path / "g"));
 }
 
 TEST_CASE("import: SNAP, .npy and Matrix Market give the same symmetric CSR", "[graph]") {
