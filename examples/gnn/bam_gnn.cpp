@@ -63,6 +63,8 @@ std::uint64_t parse_count(const std::string& s) {
   double v = 0;
   try {
     v = std::stod(s, &n);
+  } catch (const std::out_of_range&) {
+    throw CLI::ValidationError("count", "'" + s + "' is not a count from 0 to 2^64 - 1");
   } catch (const std::exception&) {
     throw CLI::ValidationError("count", "'" + s + "' is not a count (a number, K, M or G after it)");
   }

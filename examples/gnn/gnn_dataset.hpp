@@ -247,17 +247,25 @@ inline make_result make_dataset(const std::filesystem::path& dir, const make_opt
   r.m = planned_manifest(o);
   std::filesystem::create_directories(dir);
   if (std::filesystem::exists(dir / manifest_name)) {
-    const manifest old = read_manifest(dir);
-    if (same_recipe(old, r.m)) {
-      r.m = old;
+    // A manifest that cannot be read is another dataset too: --force replaces it.
+    std::optional<manifest> old;
+    std::string unreadable;
+    try {
+      old = read_manifest(dir);
+    } catch (const std::exception& e) {
+      unreadable = e.what();
+    }
+    if (old && same_recipe(*old, r.m)) {
+      r.m = *old;
       r.already_there = true;
       return r;
     }
     if (!o.force)
-      detail::gnn_fail(
-          (dir / manifest_name).string() +
-              " describes another dataset (other nodes, degree, seeds or width): pass --force to replace it",
-          EEXIST);
+      detail::gnn_fail((dir / manifest_name).string() +
+                           (old ? " describes another dataset (other nodes, degree, seeds or width)"
+                                : " cannot be read (" + unreadable + ")") +
+                           ": pass --force to replace it",
+                       EEXIST);
     std::filesystem::remove(dir / manifest_name); // the directory is not whole from here on
   }
   rmat_options go = o.graph;
@@ -368,6 +376,17 @@ inline void require_regular_file(const std::string& path) {
              EINVAL);
 }
 
+//! A file's size and time of last change: an edge list read twice must show
+//! the same both times.
+struct file_stamp {
+  std::uintmax_t size = 0;
+  std::filesystem::file_time_type changed{};
+  bool operator==(const file_stamp&) const = default;
+};
+inline file_stamp stamp_of(const std::string& path) {
+  return {std::filesystem::file_size(path), std::filesystem::last_write_time(path)};
+}
+
 //! Whether `path` names a NumPy file (by its suffix, in any case).
 inline bool npy_name(const std::string& path) {
   if (path.size() < 4) return false;
@@ -430,6 +449,10 @@ void for_each_edge(const std::string& path, F&& f) {
   while (std::getline(in, line)) {
     ++ln;
     const auto p = line.find_first_not_of(" \t\r");
+    if (p != std::string::npos && line.compare(p, 14, "%%MatrixMarket") == 0)
+      gnn_fail(path + ":" + std::to_string(ln) +
+               ": a Matrix Market file: its 1-based entries and size line are not an edge list (bam-graph import "
+               "reads it; or write its entries as 0-based pairs)");
     if (p == std::string::npos || line[p] == '#' || line[p] == '%') continue;
     long long a, b;
     if (std::sscanf(line.c_str() + p, "%lld%*[ \t,]%lld", &a, &b) != 2)
@@ -442,6 +465,7 @@ void for_each_edge(const std::string& path, F&& f) {
 //! edge list is held in memory: rows sorted, duplicates and self loops dropped.
 inline csr_graph csr_from_edges(std::uint64_t nodes, const std::string& path, bool undirected, unsigned threads) {
   require_regular_file(path);
+  const file_stamp before = stamp_of(path);
   std::vector<std::int64_t> deg(nodes, 0);
   for_each_edge(path, [&](std::int64_t s, std::int64_t d, std::uint64_t i) {
     for (const std::int64_t id : {s, d})
@@ -472,6 +496,7 @@ inline csr_graph csr_from_edges(std::uint64_t nodes, const std::string& path, bo
   });
   for (std::uint64_t u = 0; u < nodes; ++u)
     if (cur[u] != g.indptr[u + 1]) changed();
+  if (stamp_of(path) != before) changed();
   sort_and_merge_rows(g, thread_count(threads));
   return g;
 }

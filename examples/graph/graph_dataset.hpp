@@ -252,7 +252,7 @@ inline edge_format edge_format_of(const std::string& path, const std::string& na
     return path.size() >= n && path.compare(path.size() - n, n, s) == 0;
   };
   if (gnn::detail::npy_name(path)) return edge_format::npy;
-  if (ends(".mtx")) return edge_format::mtx;
+  if (ends(".mtx") || ends(".MTX")) return edge_format::mtx;
   return edge_format::snap;
 }
 
@@ -278,8 +278,8 @@ inline bool next_id(const char*& p, std::uint64_t& v, bool& negative) {
   return *p == '\0' || *p == ' ' || *p == '\t' || *p == ',' || *p == '\r' || *p == '\n';
 }
 
-//! Node ids an imported graph may hold: 0 .. 2^31 - 2 (its offsets and
-//! neighbour ids are 32-bit signed where they are stored).
+//! Node ids an imported graph may hold: 0 .. 2^31 - 2 (neighbour ids are
+//! stored as int32, and a graph holds 2^31 - 1 nodes at most).
 inline constexpr std::uint64_t max_node_ids = static_cast<std::uint64_t>(INT32_MAX);
 
 //! Calls f(u, v) for each edge of a text edge list (SNAP or Matrix Market,
@@ -379,6 +379,7 @@ struct import_options {
 inline csr_graph csr_from_edge_list(const import_options& o) {
   const edge_format fmt = edge_format_of(o.edges, o.format);
   gnn::detail::require_regular_file(o.edges);
+  const gnn::detail::file_stamp before = gnn::detail::stamp_of(o.edges);
   std::vector<std::int64_t> count;
   std::uint64_t max_id = 0, top = 0;
   detail::for_each_edge(o.edges, fmt, max_id, [&](std::uint64_t u, std::uint64_t v) {
@@ -386,7 +387,9 @@ inline csr_graph csr_from_edge_list(const import_options& o) {
     if (o.nodes != 0 && std::max(u, v) >= o.nodes)
       gnn_fail(o.edges + ": node id " + std::to_string(std::max(u, v)) + " is past --nodes " + std::to_string(o.nodes));
     top = std::max({top, u + 1, v + 1});
-    if (top > count.size()) count.resize(std::max<std::uint64_t>(top, 2 * count.size()));
+    if (top > count.size())
+      count.resize(std::min<std::uint64_t>(std::max<std::uint64_t>(top, 2 * count.size()),
+                                           o.nodes != 0 ? o.nodes : detail::max_node_ids));
     if (u == v) return;
     ++count[u];
     ++count[v];
@@ -416,6 +419,7 @@ inline csr_graph csr_from_edge_list(const import_options& o) {
   });
   for (std::uint64_t u = 0; u < nodes; ++u)
     if (count[u] != g.indptr[u + 1]) changed();
+  if (gnn::detail::stamp_of(o.edges) != before) changed();
   gnn::sort_and_merge_rows(g, gnn::detail::thread_count(o.threads));
   return g;
 }

@@ -293,6 +293,14 @@ TEST_CASE("import: an edge list that is not a regular file is refused (it is rea
   o.features_npy = d / "feats.npy";
   o.edges = fifo;
   CHECK_THROWS_WITH(bam::gnn::import_dataset(d / "ds", o), ContainsSubstring("not a regular file"));
+  // A Matrix Market file is not a text edge list: its size line and 1-based
+  // entries would be read as edges.
+  {
+    std::ofstream e(d / "m.txt");
+    e << "%%MatrixMarket matrix coordinate pattern general\n5 5 2\n1 2\n2 3\n";
+  }
+  o.edges = d / "m.txt";
+  CHECK_THROWS_WITH(bam::gnn::import_dataset(d / "ds", o), ContainsSubstring("m.txt:1: a Matrix Market file"));
 }
 
 TEST_CASE("bam-gnn make, rerun, load onto a software controller, check, info", "[gnn][cli]") {
@@ -339,18 +347,30 @@ TEST_CASE("bam-gnn make, rerun, load onto a software controller, check, info", "
   r = bam_gnn("make " + d / "x" + " --nodes abc --degree 4 --dim 4");
   CHECK(r.status == 1);
   CHECK_THAT(r.out, ContainsSubstring("'abc' is not a count"));
-  for (const char* n : {"-5", "1e30"}) {
+  for (const char* n : {"-5", "1e30", "1e400"}) {
     r = bam_gnn("make " + d / "x" + " --nodes " + n + " --degree 4 --dim 4");
     CHECK(r.status == 1);
     CHECK_THAT(r.out, ContainsSubstring("is not a count from 0 to 2^64 - 1"));
   }
+  // A manifest that cannot be read: refused, saying so; replaced with --force.
+  fs::create_directories(d / "cut");
+  {
+    std::ofstream f(d / "cut/manifest.json");
+    f << "{\"nodes\": 20";
+  }
+  r = bam_gnn("make " + d / "cut" + " --nodes 2K --degree 4 --dim 4");
+  CHECK(r.status == 1);
+  CHECK_THAT(r.out, ContainsSubstring("cannot be read"));
+  r = bam_gnn("make " + d / "cut" + " --nodes 2K --degree 4 --dim 4 --force");
+  CHECK(r.status == 0);
+  CHECK(bam::gnn::read_manifest(d / "cut").nodes == 2000);
 }
 
 TEST_CASE("bam-gnn make stops at Ctrl-C, leaving no dataset behind", "[gnn][cli]") {
   temp_dir d;
-  // SIGINT a second into making a graph of 5 M nodes on one thread (several
-  // seconds of work); were it ignored, timeout's SIGKILL 20 s later would
-  // end it (status 137).
+  // SIGINT a second into making a graph of 5 M nodes on one thread (well
+  // over a second of work). Were it ignored, the make would run on: to its
+  // end (a manifest) or to timeout's SIGKILL 20 s later (status 137).
   const std::string cmd = "timeout -s INT -k 20 1 " + std::string(BAM_GNN_PATH) + " make " + d / "ds" +
                           " --nodes 5M --degree 16 --dim 4 --no-features-file --threads 1 2>&1";
   const auto t0 = std::chrono::steady_clock::now();

@@ -143,14 +143,18 @@ def _load_state_path(call: str, source: str, state_path: Any) -> str:
             raise TypeError(f"{call}: state_path must be a str or os.PathLike, got {_type_name(state_path)}")
         p = os.fspath(state_path)
         return p if isinstance(p, str) else os.fsdecode(p)
-    if os.access(os.path.dirname(os.path.abspath(source)) or ".", os.W_OK):
-        return ""  # bam's default: the source's path + ".bam-load"
+    here = os.path.dirname(os.path.abspath(source)) or "."
+    if not os.path.isdir(here) or os.access(here, os.W_OK):
+        return ""  # bam's default: the source's path + ".bam-load" (a missing source fails there)
     import hashlib
 
     real = os.path.realpath(source)
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     directory = os.path.join(base, "bam")
-    os.makedirs(directory, exist_ok=True)
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError:
+        return ""  # no state directory either: bam's own error says where it tried
     digest = hashlib.sha256(real.encode("utf-8", "surrogateescape")).hexdigest()[:16]
     return os.path.join(directory, f"{os.path.basename(real)}-{digest}.bam-load")
 
@@ -523,8 +527,15 @@ class Storage:
             nbytes = _count(call, "nbytes", nbytes)
         elif out is None:
             raise TypeError(f"{call}: give nbytes, or out= (a buffer to read into)")
-        if out is not None and not _is_cuda(out):
-            size = _writable_bytes(call, out).size  # the buffer's kind, place and size, now
+        if out is not None:
+            # The buffer's kind, place and size, now.
+            if _is_cuda(out):
+                t = _cuda_tensor(call, out)
+                if not t.is_contiguous():
+                    raise ValueError(f"{call}: out must be contiguous")
+                size = t.numel() * t.element_size()
+            else:
+                size = _writable_bytes(call, out).size
             if nbytes is not None and nbytes > size:
                 raise ValueError(f"{call}: nbytes {nbytes} do not fit in out's {size} bytes")
         return self._submit(lambda: self.read(offset, nbytes, out=out))
