@@ -48,6 +48,16 @@ __global__ void check_range(bam::array_ref<std::uint32_t> a, std::uint64_t offse
   if (bad) atomicAdd(&c->bad, bad);
 }
 
+// c->done counts the elements of [from, to) equal to value_of(i, salt).
+__global__ void count_equal(bam::array_ref<std::uint32_t> a, std::uint64_t from, std::uint64_t to, std::uint32_t salt,
+                            counters* c) {
+  unsigned long long same = 0;
+  for (std::uint64_t i = from + blockIdx.x * static_cast<std::uint64_t>(blockDim.x) + threadIdx.x; i < to;
+       i += static_cast<std::uint64_t>(gridDim.x) * blockDim.x)
+    same += a[i] == value_of(i, salt);
+  if (same) atomicAdd(&c->done, same);
+}
+
 bam::emu::fault_rule failing_writes(std::uint64_t lo, std::uint64_t hi) {
   bam::emu::fault_rule r;
   r.opcode = static_cast<std::uint8_t>(bam::nvme::nvm_opcode::write);
@@ -589,4 +599,109 @@ TEST_CASE("a page pinned up to the limit refuses more pins and its count never r
   REQUIRE_NOTHROW(a.check());
   CHECK(r.get().done == 1);
   CHECK(r.get().bad == 0);
+}
+
+TEST_CASE("invalidate writes a storage's dirty pages back and drops its pages: bytes written around the cache are "
+          "read next, other storages' pages stay",
+          "[gpu][cache][sanitize]") {
+  bam::storage s("emu-gpu:hbm=8M,queues=4,depth=16");
+  bam::storage other("emu-gpu:hbm=8M,queues=4,depth=16");
+  bam_test::fill_pattern(s);
+  bam_test::fill_pattern(other);
+  bam::page_cache cache({.page_size = 4096, .capacity = 4 << 20}); // 1,024 slots: 128 pages fit
+  const std::uint64_t n = (256ull << 10) / 4;                      // 64 pages per array
+  const std::uint64_t half = n / 2;
+  bam::array<std::uint32_t> a(cache, s, n, 0);
+  bam::array<std::uint32_t> b(cache, other, n, 0);
+  // a's first half written through the cache (dirty), every page of a and b read in.
+  write_range<<<64, 256>>>(a.ref(), half, 9);
+  device_counters c;
+  count_equal<<<64, 256>>>(a.ref(), half, n, 5, c.ptr());
+  count_equal<<<64, 256>>>(b.ref(), 0, n, 5, c.ptr());
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(a.check());
+  REQUIRE_NOTHROW(b.check());
+  // a's second half rewritten around the cache: the cache still serves the old bytes.
+  std::vector<std::uint32_t> fresh(half);
+  for (std::uint64_t k = 0; k < half; ++k)
+    fresh[k] = static_cast<std::uint32_t>(bam_test::rnd((half + k) * 977 + 5));
+  bam::emu::write_media(s, 0, half * 4, fresh.data(), half * 4);
+  c.reset();
+  count_equal<<<64, 256>>>(a.ref(), half, n, 5, c.ptr());
+  BAM_TEST_SYNC();
+  CHECK(c.get().done == 0);
+
+  const std::uint64_t misses = cache.counters().misses;
+  REQUIRE_NOTHROW(cache.invalidate(s));
+  // The dirty half reached the medium.
+  std::vector<std::uint32_t> media(half);
+  bam::emu::read_media(s, 0, 0, media.data(), half * 4);
+  std::uint64_t bad = 0;
+  for (std::uint64_t i = 0; i < half; ++i)
+    bad += media[i] != static_cast<std::uint32_t>(bam_test::rnd(i * 977 + 9));
+  CHECK(bad == 0);
+  // a reads both halves anew (64 misses); b's pages stayed (no miss).
+  c.reset();
+  count_equal<<<64, 256>>>(a.ref(), 0, half, 9, c.ptr());
+  count_equal<<<64, 256>>>(a.ref(), half, n, 5, c.ptr());
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(a.check());
+  CHECK(c.get().done == n);
+  c.reset();
+  count_equal<<<64, 256>>>(b.ref(), 0, n, 5, c.ptr());
+  BAM_TEST_SYNC();
+  CHECK(cache.counters().misses - misses == n * 4 / 4096);
+  // Nothing dirty is left to undo the write: a flush leaves the medium as it is.
+  REQUIRE_NOTHROW(cache.flush());
+  std::vector<std::uint32_t> second(half);
+  bam::emu::read_media(s, 0, half * 4, second.data(), half * 4);
+  CHECK(second == fresh);
+}
+
+TEST_CASE("write_back writes a storage's dirty pages back and keeps them; invalidate throws while a page is held",
+          "[gpu][cache]") {
+  bam::storage s("emu-gpu:hbm=8M,queues=4,depth=16");
+  bam_test::fill_pattern(s);
+  bam::page_cache cache({.page_size = 4096, .capacity = 4 << 20});
+  const std::uint64_t n = (256ull << 10) / 4; // 64 pages
+  bam::array<std::uint32_t> a(cache, s, n, 0);
+  write_range<<<64, 256>>>(a.ref(), n, 3);
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(a.check());
+  const std::uint64_t misses = cache.counters().misses;
+  REQUIRE_NOTHROW(cache.write_back(s));
+  CHECK(cache.counters().writebacks == n * 4 / 4096);
+  std::vector<std::uint32_t> media(n);
+  bam::emu::read_media(s, 0, 0, media.data(), n * 4);
+  std::uint64_t bad = 0;
+  for (std::uint64_t i = 0; i < n; ++i)
+    bad += media[i] != static_cast<std::uint32_t>(bam_test::rnd(i * 977 + 3));
+  CHECK(bad == 0);
+  // The pages stayed: reading them again takes no miss.
+  device_counters c;
+  count_equal<<<64, 256>>>(a.ref(), 0, n, 3, c.ptr());
+  BAM_TEST_SYNC();
+  CHECK(c.get().done == n);
+  CHECK(cache.counters().misses == misses);
+
+  // One pin on page 4, as a kernel's page handle holds it: that page stays, and invalidate says so.
+  bam::device_buffer<std::uint32_t> d_slot(1);
+  slot_of_kernel<<<1, 32>>>(a.ref(), 4 * 1024, d_slot.get());
+  BAM_TEST_SYNC();
+  std::uint32_t slot = 0;
+  bam::copy_to_host(&slot, d_slot.get(), 1);
+  REQUIRE(slot < cache.ref().slot_count());
+  bam::device_buffer<unsigned long long> d_word(1);
+  add_to_slot_kernel<<<1, 1>>>(cache.ref(), slot, 1, d_word.get());
+  BAM_TEST_SYNC();
+  CHECK_THROWS_WITH(cache.invalidate(s), ContainsSubstring("1 page(s)") && ContainsSubstring("stay in the cache"));
+  add_to_slot_kernel<<<1, 1>>>(cache.ref(), slot, 0 - std::uint64_t{1}, d_word.get());
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(cache.invalidate(s));
+  c.reset();
+  count_equal<<<64, 256>>>(a.ref(), 0, n, 3, c.ptr());
+  BAM_TEST_SYNC();
+  REQUIRE_NOTHROW(a.check());
+  CHECK(c.get().done == n);
+  CHECK(cache.counters().misses == misses + n * 4 / 4096); // every page read anew
 }

@@ -511,6 +511,45 @@ public:
     }
   }
 
+  //! Write back the dirty pages of `s`'s medium; with `forget`, then forget
+  //! them, and throw if any stays (held by a kernel, or its write-back
+  //! failed). Throws the first write-back failure of those pages.
+  void write_back_medium(const storage& s, bool forget, cudaStream_t stream) {
+    const int caller = caller_device(stream);
+    const device_scope on(device_);
+    std::lock_guard lock(mutex_);
+    caller_ = caller;
+    std::vector<std::uint32_t> ids;
+    for (std::uint32_t id = 0; id < max_spaces; ++id)
+      if (host_spaces_[id].used && same_medium(host_spaces_[id], s)) ids.push_back(id);
+    // A group keys a medium's pages by its number in the group: they stay
+    // after this process's last array over it went, and other processes
+    // bring in more.
+    const std::string medium = s.medium();
+    if (group_ && forget && medium.rfind("storage@", 0) != 0) {
+      const std::uint32_t n = directory_.number(medium, std::chrono::milliseconds(cfg_.group.timeout_ms));
+      if (std::find(ids.begin(), ids.end(), n) == ids.end()) ids.push_back(n);
+    }
+    std::optional<error> first;
+    for (const std::uint32_t id : ids) {
+      writeback_locked(id, forget, stream);
+      if (!host_spaces_[id].used) continue;
+      try {
+        throw_space_error(id, "page cache write-back failed", stream);
+        if (forget && host_spaces_[id].zombie) release_space(id, stream); // its pages reached the storage at last
+      } catch (const error& e) {
+        if (!first) first = e;
+      }
+    }
+    if (first) throw *first;
+    if (!forget) return;
+    const std::uint64_t kept = pages_of_spaces(ids);
+    if (kept != 0)
+      throw error("page_cache::invalidate: " + std::to_string(kept) + " page(s) of " + medium +
+                  " stay in the cache: kernels hold them, or their write-back failed or is another process's to do "
+                  "(invalidate when no kernel uses those arrays)");
+  }
+
   //! Misses and write-backs of kernels on device `only` (-1: all the cache's devices).
   page_cache_counters counters(cudaStream_t stream, int only = -1) const {
     const int caller = caller_device(stream);
@@ -642,9 +681,9 @@ private:
     sync_caller(stream);
   }
 
-  //! Do the pages of `sp` come from `s`'s medium (a single-GPU cache: from `s` itself)?
+  //! Do the pages of `sp` come from `s`'s medium (a single-GPU cache of one process: from `s` itself)?
   bool same_medium(const space_host& sp, const storage& s) const {
-    if (devices_.size() == 1) return sp.storage[0] && sp.storage[0]->state() == s.state();
+    if (devices_.size() == 1 && !group_) return sp.storage[0] && sp.storage[0]->state() == s.state();
     return sp.medium == s.medium();
   }
   //! Is `s` one of the storages serving `sp`?
@@ -860,6 +899,23 @@ private:
       return true;
     }
   }
+  //! Slots whose page belongs to one of the spaces `ids`.
+  std::uint64_t pages_of_spaces(const std::vector<std::uint32_t>& ids) const {
+    constexpr std::uint64_t chunk = 1u << 20;
+    std::vector<std::uint64_t> words(static_cast<std::size_t>(std::min<std::uint64_t>(chunk, nslots_)));
+    std::uint64_t found = 0;
+    for (std::uint64_t first = 0; first < nslots_; first += chunk) {
+      const std::uint64_t n = std::min<std::uint64_t>(chunk, nslots_ - first);
+      copy_to_host(words.data(), slots_ptr_ + first, static_cast<std::size_t>(n));
+      for (std::uint64_t k = 0; k < n; ++k) {
+        const std::uint64_t tag = words[k] >> slot_tag_shift;
+        if (tag == 0) continue;
+        const auto space = static_cast<std::uint32_t>((tag - 1) >> key_page_bits);
+        found += std::find(ids.begin(), ids.end(), space) != ids.end();
+      }
+    }
+    return found;
+  }
   bool any_slot_lost() const {
     constexpr std::uint64_t chunk = 1u << 20;
     std::vector<std::uint64_t> words(static_cast<std::size_t>(std::min<std::uint64_t>(chunk, nslots_)));
@@ -1023,6 +1079,21 @@ public:
   //! is recorded, and thrown by the next `flush`, or by `check`/`detach` of
   //! an array on that storage.
   void flush_async(cuda::stream_ref stream = {}) { s_->flush_async(stream.get()); }
+  //! Write back the dirty pages of arrays over `s` (over its medium, for a
+  //! cache over several GPUs), then forget those pages: the next reads load
+  //! them from the storage. Call it after the storage was written around
+  //! the cache (e.g. `bam::emu::write_media`), when no kernel uses those
+  //! arrays; a page a kernel holds at the time stays. Runs on `stream` and
+  //! waits for it.
+  //! @throw bam::error for a failed write-back (that page stays, dirty).
+  //! @throw bam::error also when a page of `s` stays (a kernel holds it,
+  //! or another process of a group has yet to write it back).
+  void invalidate(const storage& s, cuda::stream_ref stream = {}) { s_->write_back_medium(s, true, stream.get()); }
+  //! Write back the dirty pages of arrays over `s` (its medium) and keep
+  //! them: `flush` for one storage, without the NVMe Flush. Runs on
+  //! `stream` and waits for it.
+  //! @throw bam::error for a failed write-back of those pages.
+  void write_back(const storage& s, cuda::stream_ref stream = {}) { s_->write_back_medium(s, false, stream.get()); }
 
   //! The shared state (arrays keep it alive).
   std::shared_ptr<detail::cache_state> state() const { return s_; }
