@@ -64,6 +64,37 @@ def test_writes_flush_and_read_back(torch, table):
     assert torch.equal(torch.from_numpy(back.copy()), expect)
 
 
+def test_host_transfers_and_arrays_agree(torch, table):
+    """Without a flush, bam.read sees rows written through the array; the
+    array reads what bam.write put on the storage next (also over rows it
+    held dirty), and no later flush undoes it; writes are in whole blocks."""
+    s, _, arr, data = table
+    base = 1 << 20
+    row = DIM * 4
+    arr[torch.arange(0, 100, device="cuda")] = torch.full((100, DIM), 7.0, device="cuda")
+    back = bam.read(s, base, 100 * row).view(np.float32)
+    assert (back == 7.0).all()
+
+    arr[torch.arange(200, 300, device="cuda")]  # held by the cache
+    arr[torch.arange(300, 310, device="cuda")] = torch.ones(10, DIM, device="cuda")  # held dirty
+    new = np.full((110, DIM), -2.0, np.float32)
+    assert (base + 200 * row) % s.lba_size == 0
+    bam.write(s, new, offset=base + 200 * row)
+    assert torch.equal(arr[torch.arange(200, 310, device="cuda")].cpu(), torch.from_numpy(new))
+    # The rest of the last block is zeroes, as on a host controller.
+    zeroed = (-(110 * row) % s.lba_size) // 4
+    assert zeroed > 0
+    r310 = arr[310].cpu()
+    assert (r310[:zeroed] == 0).all() and torch.equal(r310[zeroed:], data[310, zeroed:])
+    arr.flush()
+    assert (bam.read(s, base + 200 * row, 110 * row).view(np.float32) == -2.0).all()
+
+    with pytest.raises(bam.Error, match="multiple of the LBA size"):
+        bam.write(s, b"abc", offset=base + 3)
+    with pytest.raises(bam.Error, match="multiple of the LBA size"):
+        bam.load(s, np.zeros(8, np.uint8), offset=base + 100, progress=False)
+
+
 @pytest.mark.parametrize("bad", [ROWS, ROWS + 12345, -1, -(1 << 40)])
 def test_bad_row_ids_raise(torch, table, bad):
     _, _, arr, data = table

@@ -345,3 +345,33 @@ def test_interrupted_memory_load_leaves_no_state_file(tmp_path):
     with pytest.raises(ValueError, match="stop here"):
         s._h()._load_bytes(data, 0, stop)
     assert glob.glob(os.path.join(tempfile.gettempdir(), f"bam-python-load-{os.getpid()}-*")) == []
+
+
+def test_read_while_another_thread_loads_does_not_deadlock():
+    """A read waits for a load in another thread without holding the GIL,
+    which the load's progress needs (it hung before)."""
+    script = r"""
+import threading, time
+import numpy as np
+import bam
+
+started = threading.Event()
+
+def slow_progress(label, enabled):
+    def update(done, total):
+        started.set()
+        time.sleep(0.3)  # lets the reader reach the storage meanwhile
+    return update, lambda: None
+
+bam._progress = slow_progress
+s = bam.open("emu:ram=16M")
+t = threading.Thread(target=lambda: bam.load(s, np.ones(8 << 20, np.uint8)))
+t.start()
+started.wait()
+assert bam.read(s, 0, 4096).sum() == 4096  # waits for the load, which ran first
+t.join()
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"

@@ -8,8 +8,10 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace bam::python {
 
@@ -61,6 +63,24 @@ void require_gpu() {
 struct gpu_storage_state {
   explicit gpu_storage_state(const std::string& s) : storage(s) {}
   bam::storage storage;
+  //! The caches arrays over this storage were made in (host transfers keep them coherent).
+  std::mutex mutex;
+  std::vector<std::weak_ptr<gpu_cache_state>> caches;
+
+  void add_cache(const std::shared_ptr<gpu_cache_state>& c) {
+    std::lock_guard lock(mutex);
+    std::erase_if(caches, [](const auto& w) { return w.expired(); });
+    for (const auto& w : caches)
+      if (w.lock() == c) return;
+    caches.push_back(c);
+  }
+  std::vector<std::shared_ptr<gpu_cache_state>> live_caches() {
+    std::lock_guard lock(mutex);
+    std::vector<std::shared_ptr<gpu_cache_state>> out;
+    for (const auto& w : caches)
+      if (auto c = w.lock()) out.push_back(std::move(c));
+    return out;
+  }
 };
 
 gpu_storage::gpu_storage(const std::string& device_string) {
@@ -83,6 +103,17 @@ struct gpu_cache_state {
   explicit gpu_cache_state(const page_cache_config& c) : cache(c) {}
   bam::page_cache cache;
 };
+
+// On the legacy default stream: after the work of every blocking stream
+// (torch's default stream is one).
+void gpu_storage::before_host_read() const {
+  for (const auto& c : state->live_caches())
+    c->cache.write_back(state->storage, cudaStream_t{});
+}
+void gpu_storage::before_host_write() const {
+  for (const auto& c : state->live_caches())
+    c->cache.invalidate(state->storage, cudaStream_t{});
+}
 
 gpu_cache::gpu_cache(std::size_t page_size, std::size_t capacity, std::uint32_t ways, const std::string& group_name,
                      int group_rank, int group_size, std::uint64_t group_timeout_ms) {
@@ -121,7 +152,9 @@ namespace {
 template <class T>
 struct typed_array final : gpu_array_state {
   typed_array(gpu_cache& cache, const gpu_storage& s, std::uint64_t n, std::uint64_t start_lba, cudaStream_t stream)
-      : keep_cache(cache.state), keep_storage(s.state), a(cache.state->cache, s.state->storage, n, start_lba, stream) {}
+      : keep_cache(cache.state), keep_storage(s.state), a(cache.state->cache, s.state->storage, n, start_lba, stream) {
+    s.state->add_cache(cache.state);
+  }
 
   void gather(const std::int64_t* ids, std::uint64_t count, std::uint64_t row_width, void* out,
               cudaStream_t stream) override {

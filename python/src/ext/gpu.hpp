@@ -47,6 +47,13 @@ public:
   //! Host access straight to the media of software controller `ctrl`.
   void write_media(std::uint32_t ctrl, std::uint64_t offset, const void* src, std::size_t bytes) const;
   void read_media(std::uint32_t ctrl, std::uint64_t offset, void* dst, std::size_t bytes) const;
+  //! Before the host reads the media: every cache with an array over this
+  //! storage writes its dirty pages of it back (`page_cache::write_back`).
+  void before_host_read() const;
+  //! Before the host writes the media: every such cache writes back and
+  //! forgets its pages of this storage (`page_cache::invalidate`), so its
+  //! arrays read what the host writes and no later write-back undoes it.
+  void before_host_write() const;
 
   std::shared_ptr<gpu_storage_state> state;
 };

@@ -27,6 +27,8 @@ std::string gpu_storage::name() const { absent(); }
 std::string gpu_storage::transport_name() const { absent(); }
 void gpu_storage::write_media(std::uint32_t, std::uint64_t, const void*, std::size_t) const { absent(); }
 void gpu_storage::read_media(std::uint32_t, std::uint64_t, void*, std::size_t) const { absent(); }
+void gpu_storage::before_host_read() const { absent(); }
+void gpu_storage::before_host_write() const { absent(); }
 
 gpu_cache::gpu_cache(std::size_t, std::size_t, std::uint32_t, const std::string&, int, int, std::uint64_t) { absent(); }
 std::size_t gpu_cache::page_size() const { absent(); }

@@ -72,7 +72,10 @@ struct transfer_result {
 //! over them; then the same device string is brought up for GPU submitters
 //! and the host controllers are shut down (an `emu:ram` media's bytes are
 //! carried over, a file or an SSD keeps them anyway). From then on loads and
-//! reads go straight to the software controller's media. Transfers and the
+//! reads go straight to the software controller's media, in whole blocks as
+//! on the host; the caches of arrays over the storage write their dirty
+//! pages back first, and before a load or write forget the pages they hold
+//! of it. Transfers and the
 //! switch hold one mutex; the properties are read with Python's GIL held.
 //! `close()` waits for a transfer in flight, then lets the controllers go;
 //! every use after it throws.
@@ -233,10 +236,23 @@ public:
       return {r.bytes, r.checksum, r.seconds};
     }
     single_gpu("load");
-    return copy_chunks(src.size, ctl, [&](std::uint64_t pos, std::uint8_t* buf, std::size_t n) {
+    // As load_dataset does on a host controller: whole blocks, the rest of
+    // the last one zeroes; and the pages a cache holds of them go first.
+    const std::uint32_t lba = gpu_->lba_size();
+    if (offset % lba != 0)
+      invalid("load: offset " + std::to_string(offset) + " is not a multiple of the LBA size (" + std::to_string(lba) +
+              " bytes) of " + name() + " (e.g. " + std::to_string(offset / lba * lba) + " or " +
+              std::to_string((offset / lba + 1) * lba) + ")");
+    gpu_->before_host_write();
+    transfer_result r = copy_chunks(src.size, ctl, [&](std::uint64_t pos, std::uint8_t* buf, std::size_t n) {
       src.read(pos, buf, n);
       gpu_->write_media(0, offset + pos, buf, n);
     });
+    if (const std::uint64_t tail = (offset + src.size) % lba; tail != 0) {
+      const std::vector<std::uint8_t> zeroes(lba - tail);
+      gpu_->write_media(0, offset + src.size, zeroes.data(), zeroes.size());
+    }
+    return r;
   }
 
   //! What `read` checks first, before a buffer for it is made.
@@ -253,6 +269,7 @@ public:
     check_range("read", offset, n);
     if (gpu_) {
       single_gpu("read");
+      gpu_->before_host_read();
       gpu_->read_media(0, offset, dst, n);
     } else {
       read_host(single_host("read"), offset, dst, n);
@@ -273,6 +290,7 @@ public:
       return {r.bytes, r.checksum, r.seconds};
     }
     single_gpu("dump");
+    gpu_->before_host_read();
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     if (!out) throw_errno("creating '" + path + "'");
     auto r = copy_chunks(n, ctl, [&](std::uint64_t pos, std::uint8_t* buf, std::size_t len) {
@@ -573,7 +591,7 @@ NB_MODULE(_core, m) {
       .def(
           "_check_read",
           [](storage_handle& s, std::uint64_t offset, std::uint64_t nbytes) { s.check_read(offset, nbytes); },
-          "offset"_a, "nbytes"_a)
+          "offset"_a, "nbytes"_a, nb::call_guard<nb::gil_scoped_release>()) // waits for a transfer, whose progress takes the GIL
       .def(
           "_read",
           [](storage_handle& s, std::uint64_t offset, host_buffer out) {
