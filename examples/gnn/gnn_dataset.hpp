@@ -241,32 +241,46 @@ struct make_result {
   bool already_there = false; //!< the directory held this dataset: nothing was written
 };
 
+namespace detail {
+
+//! What a `make` finds at `file`, a manifest: nothing (empty); the same
+//! recipe (`same`), which is returned; or another one, or one that `read`
+//! cannot read (another tool's, or cut short): refused without `force`
+//! (EEXIST, naming `other`), else removed, so the directory is not whole
+//! from then on.
+template <class Read, class Same>
+auto manifest_to_reuse(const std::filesystem::path& file, bool force, const std::string& other, Read&& read,
+                       Same&& same) -> std::optional<decltype(read())> {
+  if (!std::filesystem::exists(file)) return std::nullopt;
+  std::optional<decltype(read())> old;
+  std::string unreadable;
+  try {
+    old = read();
+  } catch (const std::exception& e) {
+    unreadable = e.what();
+  }
+  if (old && same(*old)) return old;
+  if (!force)
+    gnn_fail(file.string() + (old ? " describes " + other : " cannot be read (" + unreadable + ")") +
+                 ": pass --force to replace it",
+             EEXIST);
+  std::filesystem::remove(file);
+  return std::nullopt;
+}
+
+} // namespace detail
+
 //! Makes (or finds already made) the dataset of `o` in `dir`.
 inline make_result make_dataset(const std::filesystem::path& dir, const make_options& o) {
   make_result r;
   r.m = planned_manifest(o);
   std::filesystem::create_directories(dir);
-  if (std::filesystem::exists(dir / manifest_name)) {
-    // A manifest that cannot be read is another dataset too: --force replaces it.
-    std::optional<manifest> old;
-    std::string unreadable;
-    try {
-      old = read_manifest(dir);
-    } catch (const std::exception& e) {
-      unreadable = e.what();
-    }
-    if (old && same_recipe(*old, r.m)) {
-      r.m = *old;
-      r.already_there = true;
-      return r;
-    }
-    if (!o.force)
-      detail::gnn_fail((dir / manifest_name).string() +
-                           (old ? " describes another dataset (other nodes, degree, seeds or width)"
-                                : " cannot be read (" + unreadable + ")") +
-                           ": pass --force to replace it",
-                       EEXIST);
-    std::filesystem::remove(dir / manifest_name); // the directory is not whole from here on
+  if (auto old = detail::manifest_to_reuse(
+          dir / manifest_name, o.force, "another dataset (other nodes, degree, seeds or width)",
+          [&] { return read_manifest(dir); }, [&](const manifest& m) { return same_recipe(m, r.m); })) {
+    r.m = *old;
+    r.already_there = true;
+    return r;
   }
   rmat_options go = o.graph;
   go.progress = o.progress;

@@ -199,27 +199,14 @@ inline make_result make_graph(const std::filesystem::path& dir, const make_optio
   r.m.scale = o.scale;
   r.m.degree = o.degree;
   r.m.seed = o.seed;
-  if (std::filesystem::exists(dir / manifest_name)) {
-    // A manifest that cannot be read (another tool's, or cut short) is
-    // another graph too: --force replaces it.
-    std::optional<manifest> old;
-    std::string unreadable;
-    try {
-      old = read_manifest(dir);
-    } catch (const std::exception& e) {
-      unreadable = e.what();
-    }
-    if (old && old->source == "rmat" && old->scale == o.scale && old->degree == o.degree && old->seed == o.seed) {
-      r.m = *old;
-      r.already_there = true;
-      return r;
-    }
-    if (!o.force)
-      gnn_fail((dir / manifest_name).string() +
-                   (old ? " describes another graph" : " cannot be read (" + unreadable + ")") +
-                   ": pass --force to replace it",
-               EEXIST);
-    std::filesystem::remove(dir / manifest_name);
+  if (auto old = gnn::detail::manifest_to_reuse(
+          dir / manifest_name, o.force, "another graph", [&] { return read_manifest(dir); },
+          [&](const manifest& m) {
+            return m.source == "rmat" && m.scale == o.scale && m.degree == o.degree && m.seed == o.seed;
+          })) {
+    r.m = *old;
+    r.already_there = true;
+    return r;
   }
   gnn::rmat_options go;
   go.nodes = r.m.nodes == (std::uint64_t{1} << 31) ? r.m.nodes - 1 : r.m.nodes;
