@@ -138,6 +138,12 @@ int main(int argc, char** argv) {
                   "pages a warp brings in at once before reading a window of neighbour lists through the cache, "
                   "up to 32 (default: from the cache's size; 0: none)")
         ->check(CLI::Range(-1, 32));
+    if (std::string(name) != "pagerank")
+      a->add_option("--heads", ro.heads,
+                    "keep the first N neighbours of every node in GPU memory, taken out of --cache-mib: BFS and CC's "
+                    "sampling read them there and the edges only past them; the baselines gain a zero-copy run "
+                    "behind the same heads (default 0: none)")
+          ->check(CLI::Range(0u, 32u));
     a->add_option("--runs", ro.runs, "runs, each with a cold cache (default: 4; pagerank 1); BFS: a root each");
     a->add_option("--root", ro.root, "BFS: this root for every run (default: roots drawn from --seed)");
     a->add_option("--seed", ro.seed, "BFS: the seed the roots are drawn from (default 1)");

@@ -273,4 +273,17 @@ std::vector<std::uint32_t> pick_roots(const csr_graph& g, unsigned count, std::u
   return roots;
 }
 
+std::vector<std::uint32_t> list_heads(const csr_graph& g, unsigned k) {
+  const auto n = static_cast<std::int64_t>(g.nodes());
+  std::vector<std::uint32_t> heads(static_cast<std::size_t>(n) * k);
+#pragma omp parallel for schedule(static)
+  for (std::int64_t v = 0; v < n; ++v) {
+    const std::uint64_t d = deg(g, static_cast<std::uint64_t>(v));
+    for (unsigned j = 0; j < k; ++j)
+      heads[static_cast<std::size_t>(v) * k + j] =
+          j < d ? static_cast<std::uint32_t>(g.indices[static_cast<std::size_t>(g.indptr[v]) + j]) : no_node;
+  }
+  return heads;
+}
+
 } // namespace bam::graph

@@ -67,6 +67,11 @@ double l1_distance(const std::vector<double>& a, const std::vector<double>& b);
 //! same for every path of a run).
 std::vector<std::uint32_t> pick_roots(const csr_graph& g, unsigned count, std::uint64_t seed);
 
+//! The first `k` neighbours of every node, node after node (`k` per node;
+//! `no_node` past the end of a shorter list): what `--heads` keeps in GPU
+//! memory.
+std::vector<std::uint32_t> list_heads(const csr_graph& g, unsigned k);
+
 //! Threads OpenMP runs the CPU algorithms with (1 in a build without OpenMP).
 unsigned cpu_threads();
 //! Sets that number (0: leave it).

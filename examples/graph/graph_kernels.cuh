@@ -185,13 +185,26 @@ struct bam_reader_source : cached_source<T> {
 //! A graph as the kernels read it: `nodes`, offsets (uint64, nodes + 1) and
 //! edges (uint32). `visits` (may be null) counts the cache pages the reads
 //! through the cache touched: the pages each warp's range spans, and one
-//! per single-element read.
+//! per single-element read. With `head_k` > 0, `heads` (GPU memory) holds
+//! the first `head_k` neighbours of every node (`list_heads`): BFS and
+//! CC's sampling read those there, and the edges only past them.
 template <class Offsets, class Edges>
 struct graph_view {
   std::uint64_t nodes = 0;
   Offsets off;
   Edges edg;
   unsigned long long* visits = nullptr;
+  const std::uint32_t* heads = nullptr;
+  unsigned head_k = 0; //!< 0 to 32
+
+  //! Whole-warp: f(u) on the lanes for those of v's neighbours [b, e) that
+  //! `heads` holds (none without heads); returns where the rest begins.
+  template <class F>
+  BAM_DEVICE std::uint64_t warp_heads(std::uint64_t v, std::uint64_t b, std::uint64_t e, F&& f) const {
+    const std::uint64_t n = e - b < head_k ? e - b : head_k;
+    if (lane_of_thread() < n) f(heads[v * head_k + lane_of_thread()]);
+    return b + n;
+  }
 
   //! [begin, end) of node v's neighbours, read by the calling lane.
   BAM_DEVICE void row(std::uint64_t v, std::uint64_t& begin, std::uint64_t& end, std::uint64_t& seen) const {
@@ -217,9 +230,9 @@ struct graph_view {
   //! run's density), the span of their lists (a single item's cut to
   //! `limit` ids), and the warp brings in the first pages of those spans at
   //! once. Returns the items the window covers (32 k).
-  template <class NodeOf>
+  template <class NodeOf, class Need>
   BAM_DEVICE std::uint64_t prefetch_window(NodeOf node_of, std::uint64_t i, std::uint64_t end, unsigned k,
-                                           std::uint64_t limit) const {
+                                           std::uint64_t limit, Need need) const {
     const std::uint64_t first = i + std::uint64_t{lane_of_thread()} * k;
     std::uint64_t b = 0, e = 0;
     if (first < end) {
@@ -228,7 +241,9 @@ struct graph_view {
       b = off.get(v);
       if (k == 1) {
         e = off.get(v + 1);
+        b = e - b < head_k ? e : b + head_k; // the heads are read in GPU memory
         if (e - b > limit) e = b + limit;
+        if (!need(v)) e = b;
       } else {
         e = off.get(node_of(last) + 1);
       }
@@ -273,20 +288,27 @@ BAM_DEVICE void for_warp_items(std::uint64_t count, F&& f) {
   for_warp_items<Runs>(count, f, [](std::uint64_t i, std::uint64_t end) { return end - i; });
 }
 
+//! Every listed node's list is read (what a window brings in by default).
+struct every_list {
+  BAM_DEVICE bool operator()(std::uint64_t) const { return true; }
+};
+
 //! The look-ahead of a run of items from `list` (null: the items are the
-//! nodes), each list cut to `limit` ids; none unless the edges are read
-//! through the cache with look-ahead.
-template <class V>
+//! nodes), each list cut to `limit` ids, and only of the nodes `need`
+//! names (a node of `list`); none unless the edges are read through the
+//! cache with look-ahead.
+template <class V, class Need = every_list>
 struct list_window {
   const V& g;
   const std::uint32_t* list;
   unsigned k;
   std::uint64_t limit;
+  Need need;
   BAM_DEVICE std::uint64_t operator()(std::uint64_t i, std::uint64_t end) const {
     if constexpr (decltype(g.edg)::through_cache) {
       if (g.edg.look_ahead() != 0)
-        return g.prefetch_window([&](std::uint64_t j) -> std::uint64_t { return list ? list[j] : j; }, i, end, k,
-                                 limit);
+        return g.prefetch_window([&](std::uint64_t j) -> std::uint64_t { return list ? list[j] : j; }, i, end, k, limit,
+                                 need);
     }
     return end - i;
   }
@@ -294,17 +316,19 @@ struct list_window {
 //! A lane's share of a window: a node's list from `list` (whose nodes may
 //! lie far apart: a share of several would span the lists of the nodes
 //! between them), or about a page's worth of consecutive nodes.
-template <class V>
-BAM_DEVICE list_window<V> window_over(const V& g, const std::uint32_t* list, std::uint64_t count, std::uint64_t limit) {
-  return {g, list, list != nullptr ? 1u : g.edg.items_per_lane(count, g.nodes), limit};
+template <class V, class Need = every_list>
+BAM_DEVICE list_window<V, Need> window_over(const V& g, const std::uint32_t* list, std::uint64_t count,
+                                            std::uint64_t limit, Need need = {}) {
+  return {g, list, list != nullptr ? 1u : g.edg.items_per_lane(count, g.nodes), limit, need};
 }
 
 //! A warp per node of list[0, count): f(v, begin, end) with the whole warp,
 //! then the pages it reported counted. The lists are read up to `limit`
-//! ids first (what the look-ahead brings in).
-template <class V, class F>
+//! ids first (what the look-ahead brings in), those of the nodes `need`
+//! names.
+template <class V, class F, class Need = every_list>
 BAM_DEVICE void warp_per_listed_node(const V& g, const std::uint32_t* list, std::uint64_t count, F&& f,
-                                     std::uint64_t limit = whole_list) {
+                                     std::uint64_t limit = whole_list, Need need = {}) {
   std::uint64_t seen = 0;
   for_warp_items<decltype(g.edg)::through_cache>(
       count,
@@ -315,7 +339,7 @@ BAM_DEVICE void warp_per_listed_node(const V& g, const std::uint32_t* list, std:
         const std::uint64_t pages = f(v, b, e);
         if (lane_of_thread() == 0) seen += pages;
       },
-      window_over(g, list, count, limit));
+      window_over(g, list, count, limit, need));
   g.count(seen);
 }
 
@@ -325,9 +349,10 @@ template <class V>
 __global__ void bfs_expand(V g, const std::uint32_t* frontier, std::uint64_t count, std::uint32_t* parent,
                            std::uint32_t* level, std::uint32_t next) {
   warp_per_listed_node(g, frontier, count, [&](std::uint32_t v, std::uint64_t b, std::uint64_t e) {
-    return g.edg.warp_range(b, e, [&](std::uint32_t u) {
+    auto visit = [&](std::uint32_t u) {
       if (level[u] == unreached && atomicCAS(&level[u], unreached, next) == unreached) parent[u] = v;
-    });
+    };
+    return g.edg.warp_range(g.warp_heads(v, b, e, visit), e, visit);
   });
 }
 
@@ -346,27 +371,36 @@ __global__ void bfs_bottom_up(V g, const std::uint32_t* unreached_nodes, std::ui
   warp_per_listed_node(
       g, unreached_nodes, count,
       [&](std::uint32_t v, std::uint64_t b, std::uint64_t e) {
-        std::uint64_t read_to = b; // the pages of [b, read_to) are counted once, as a top-down read counts them
-        for (std::uint64_t c = b; c < e; c += bottom_up_chunk) {
-          std::uint32_t found = unreached;
+        // A node reached in this step is at cur + 1, never cur: the other
+        // warps' writes do not change what this one finds.
+        std::uint32_t found = unreached;
+        auto look = [&](std::uint32_t u) {
+          if (found == unreached && level[u] == cur) found = u;
+        };
+        const std::uint64_t from = g.warp_heads(v, b, e, look);
+        unsigned with = __ballot_sync(0xffffffffu, found != unreached);
+        std::uint64_t read_to = from; // the pages of [from, read_to) are counted once, as a top-down read counts them
+        for (std::uint64_t c = from; with == 0 && c < e; c += bottom_up_chunk) {
           read_to = e - c < bottom_up_chunk ? e : c + bottom_up_chunk;
-          g.edg.warp_range(c, read_to, [&](std::uint32_t u) {
-            if (found == unreached && level[u] == cur) found = u;
-          });
-          // A node reached in this step is at cur + 1, never cur: the other
-          // warps' writes do not change what this one finds.
-          const unsigned with = __ballot_sync(0xffffffffu, found != unreached);
-          if (with != 0) {
-            if (lane == static_cast<unsigned>(__ffs(with) - 1)) {
-              parent[v] = found;
-              level[v] = cur + 1;
-            }
-            break;
-          }
+          g.edg.warp_range(c, read_to, look);
+          with = __ballot_sync(0xffffffffu, found != unreached);
         }
-        return g.edg.pages(b, read_to);
+        if (with != 0 && lane == static_cast<unsigned>(__ffs(with) - 1)) {
+          parent[v] = found;
+          level[v] = cur + 1;
+        }
+        return g.edg.pages(from, read_to);
       },
-      bottom_up_chunk);
+      bottom_up_chunk,
+      // Past the heads only for a node none of whose heads is in the frontier.
+      [&](std::uint64_t v) {
+        for (unsigned j = 0; j < g.head_k; ++j) {
+          const std::uint32_t u = g.heads[v * g.head_k + j];
+          if (u == unreached) break;
+          if (level[u] == cur) return false;
+        }
+        return true;
+      });
 }
 
 //! Direction-optimizing BFS goes bottom-up for a level whose frontier holds
@@ -386,10 +420,15 @@ struct at_level {
   BAM_DEVICE bool operator()(std::uint32_t v) const { return level[v] == want; }
 };
 
+//! A node outside component `giant` with neighbours past the first
+//! `afforest_rounds` (all of them when `off`, the offsets in memory, is null).
 struct not_in_component {
   const std::uint32_t* comp;
   std::uint32_t giant;
-  BAM_DEVICE bool operator()(std::uint32_t v) const { return comp[v] != giant; }
+  const std::uint64_t* off = nullptr;
+  BAM_DEVICE bool operator()(std::uint32_t v) const {
+    return comp[v] != giant && (off == nullptr || off[v + 1] - off[v] > afforest_rounds);
+  }
 };
 
 //! GPU memory the algorithms work in, for a graph of `nodes` nodes,
@@ -514,6 +553,10 @@ __global__ void cc_sample(V g, std::uint32_t* comp) {
     std::uint32_t first[afforest_rounds];
     unsigned k = 0;
     for (unsigned r = 0; r < afforest_rounds && b + r < e; ++r) {
+      if (r < g.head_k) {
+        first[k++] = g.heads[v * g.head_k + r];
+        continue;
+      }
       first[k++] = g.edg.get(b + r);
       if constexpr (decltype(g.edg)::through_cache) ++seen;
     }
@@ -527,8 +570,13 @@ __global__ void cc_sample(V g, std::uint32_t* comp) {
 template <class V>
 __global__ void cc_link_rest(V g, const std::uint32_t* list, std::uint64_t count, std::uint32_t* comp) {
   warp_per_listed_node(g, list, count, [&](std::uint32_t v, std::uint64_t b, std::uint64_t e) {
+    auto hook = [&](std::uint32_t u) { link(v, u, comp); };
+    // cc_sample hooked the first afforest_rounds; the heads past them here.
+    const std::uint64_t past_heads = g.warp_heads(v, b, e, [&](std::uint32_t u) {
+      if (lane_of_thread() >= afforest_rounds) hook(u);
+    });
     b = e - b < afforest_rounds ? e : b + afforest_rounds;
-    return g.edg.warp_range(b, e, [&](std::uint32_t u) { link(v, u, comp); });
+    return g.edg.warp_range(past_heads > b ? past_heads : b, e, hook);
   });
 }
 
@@ -570,14 +618,13 @@ void cc_gpu(V g, work_buffers& w, cudaStream_t s) {
   cc_sample<<<grid, gnn::block_threads, 0, s>>>(g, comp);
   cc_compress<<<grid, gnn::block_threads, 0, s>>>(comp, g.nodes);
   BAM_CUDA_TRY(cudaGetLastError());
-  if (g.nodes > 2 * 1024) { // a w.b of 2048 entries for the sample
-    const std::uint32_t giant = sampled_giant(comp, g.nodes, w, s);
-    const std::uint64_t rest = w.select(not_in_component{comp, giant}, s);
-    if (rest != 0) cc_link_rest<<<grid_for_warps(rest), gnn::block_threads, 0, s>>>(g, w.list.get(), rest, comp);
-  } else {
-    const std::uint64_t rest = w.select(not_in_component{comp, unreached}, s); // every node
-    cc_link_rest<<<grid_for_warps(rest), gnn::block_threads, 0, s>>>(g, w.list.get(), rest, comp);
-  }
+  // Nodes whose whole list cc_sample hooked have no more to hook.
+  const std::uint64_t* off = nullptr;
+  if constexpr (!decltype(g.off)::through_cache) off = g.off.p;
+  // Small graphs: every node (no sample of 2048 labels to find the giant in w.b).
+  const std::uint32_t giant = g.nodes > 2 * 1024 ? sampled_giant(comp, g.nodes, w, s) : unreached;
+  const std::uint64_t rest = w.select(not_in_component{comp, giant, off}, s);
+  if (rest != 0) cc_link_rest<<<grid_for_warps(rest), gnn::block_threads, 0, s>>>(g, w.list.get(), rest, comp);
   cc_compress<<<grid, gnn::block_threads, 0, s>>>(comp, g.nodes);
   BAM_CUDA_TRY(cudaGetLastError());
 }

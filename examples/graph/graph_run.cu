@@ -181,13 +181,15 @@ unsigned look_ahead_pages(int requested, std::uint64_t cache_pages, Kernel kerne
 //! in GPU memory (`d_off`) or through the cache too: fn(view).
 template <class Fn>
 void with_cached_view(const run_options& o, cached_graph& cg, std::uint64_t nodes, const std::uint64_t* d_off,
-                      Fn&& fn) {
+                      const std::uint32_t* d_heads, Fn&& fn) {
   const unsigned shift = cg.edge_page_shift();
   const std::uint64_t edge_pages = std::max<std::uint64_t>(cg.edges.size() >> shift, 1);
   auto with_offsets = [&](auto edges) {
     edges.ahead.nodes_per_page = static_cast<float>(nodes) / static_cast<float>(edge_pages);
     auto go = [&](auto view) {
       view.edg.ahead.ahead = look_ahead_pages(o.look_ahead, cg.cache.slot_count(), bfs_expand<decltype(view)>);
+      view.heads = d_heads;
+      view.head_k = d_heads != nullptr ? o.heads : 0;
       fn(view);
     };
     if (cg.offsets)
@@ -237,11 +239,11 @@ json path_json(const path_result& p, double zero_copy_rate, bool bfs) {
 
 void print_table(const run_options& o, const std::vector<path_result>& paths, double zero_copy_rate) {
   const bool bfs = o.algorithm == "bfs";
-  std::printf("\n%-11s %12s %14s %10s %9s %12s  %s\n", "path", "s per run", bfs ? "GTEPS" : "G edges/s", "vs 0-copy",
+  std::printf("\n%-15s %12s %14s %10s %9s %12s  %s\n", "path", "s per run", bfs ? "GTEPS" : "G edges/s", "vs 0-copy",
               "hit rate", "misses/s", "checked");
   for (const auto& p : paths) {
     if (!p.ran) {
-      std::printf("%-11s %12s %14s %10s %9s %12s  skipped: %s\n", p.path.c_str(), "-", "-", "-", "-", "-",
+      std::printf("%-15s %12s %14s %10s %9s %12s  skipped: %s\n", p.path.c_str(), "-", "-", "-", "-", "-",
                   p.why_not.c_str());
       continue;
     }
@@ -255,7 +257,7 @@ void print_table(const run_options& o, const std::vector<path_result>& paths, do
     const std::string checked = !o.validate ? "not checked"
                                 : p.failed  ? "FAILED " + p.first_failure
                                             : std::to_string(p.checked) + " run(s) OK";
-    std::printf("%-11s %12.4f %14.3f %10s %9s %12s  %s\n", p.path.c_str(), p.total() / double(p.seconds.size()),
+    std::printf("%-15s %12.4f %14.3f %10s %9s %12s  %s\n", p.path.c_str(), p.total() / double(p.seconds.size()),
                 p.edges_per_s() / 1e9, ratio, hit, mps, checked.c_str());
   }
   std::printf("(%s; vs 0-copy: the rate over zero-copy's; hit rate: 1 - pages loaded / pages touched; bam's "
@@ -274,6 +276,9 @@ int run_algorithm(const run_options& o0) {
   if (o.page_size < 512 || o.page_size > (64u << 10) || (o.page_size & (o.page_size - 1)) != 0)
     gnn_fail("--page-size " + std::to_string(o.page_size) + ": a power of two from 512 to 65536");
   if (o.cache_mib == 0) gnn_fail("--cache-mib must be at least 1");
+  if (o.heads > 32) gnn_fail("--heads " + std::to_string(o.heads) + ": 0 to 32 neighbours per node");
+  if (o.heads != 0 && o.algorithm == "pagerank")
+    gnn_fail("--heads serves bfs and cc (pagerank reads every list whole)");
   if (o.runs == 0) o.runs = o.algorithm == "pagerank" ? 1 : 4;
   const manifest m = read_manifest(o.dir);
   // Null media move no data: only a run whose pages do not depend on the
@@ -290,6 +295,12 @@ int run_algorithm(const run_options& o0) {
   const bool talk = !o.json_stdout && !o.quiet;
 
   const csr_graph g = read_graph(o.dir, m);
+  // The heads take their GPU memory out of the cache's.
+  const std::uint64_t heads_bytes = m.nodes * o.heads * sizeof(std::uint32_t);
+  if (heads_bytes != 0 && heads_bytes + (1ull << 20) > (o.cache_mib << 20))
+    gnn_fail("--heads " + std::to_string(o.heads) + ": " + std::to_string(heads_bytes >> 20) +
+             " MiB of heads leave no page cache in --cache-mib " + std::to_string(o.cache_mib));
+  const std::uint64_t cache_bytes = (o.cache_mib << 20) - heads_bytes;
   runner run(o, m, g);
   storage s(where.spec);
   gnn::cuda_stream stream;
@@ -302,10 +313,14 @@ int run_algorithm(const run_options& o0) {
   prepare_medium(where, s, m, g, o.page_size);
   if (talk)
     std::printf("%s: %llu nodes, %llu edges (%.2f GiB of edge ids); %s on %s (%s)\n"
-                "page cache %llu MiB of %u-byte pages, neighbours read by %s, offsets %s; %u run(s)%s\n",
+                "page cache %llu MiB of %u-byte pages%s, neighbours read by %s, offsets %s; %u run(s)%s\n",
                 o.dir.c_str(), static_cast<unsigned long long>(m.nodes), static_cast<unsigned long long>(m.edges / 2),
                 static_cast<double>(m.image().edges_bytes()) / (1ull << 30), o.algorithm.c_str(), where.device.c_str(),
-                where.placement.c_str(), static_cast<unsigned long long>(o.cache_mib), o.page_size,
+                where.placement.c_str(), static_cast<unsigned long long>(cache_bytes >> 20), o.page_size,
+                o.heads != 0 ? (" and " + std::to_string(heads_bytes >> 20) + " MiB of heads (the first " +
+                                std::to_string(o.heads) + " neighbours of every node in GPU memory)")
+                                   .c_str()
+                             : "",
                 o.access == "copy" ? "copy_to (a warp, through shared memory)" : "a reader (warp-strided)",
                 o.offsets == "gpu" ? "in GPU memory" : "through the cache", o.runs,
                 o.algorithm == "bfs" ? ", a root each" : "");
@@ -315,14 +330,23 @@ int run_algorithm(const run_options& o0) {
   copy_to_device(d_off.get(), reinterpret_cast<const std::uint64_t*>(g.indptr.data()), m.nodes + 1);
   work_buffers w(m.nodes, o.algorithm == "pagerank");
   std::vector<path_result> paths;
+  device_buffer<std::uint32_t> d_heads;
+  double heads_seconds = 0;
+  if (o.heads != 0) {
+    const auto t0 = gnn::clock_type::now();
+    const std::vector<std::uint32_t> h = list_heads(g, o.heads);
+    d_heads = device_buffer<std::uint32_t>(h.size());
+    copy_to_device(d_heads.get(), h.data(), h.size());
+    heads_seconds = gnn::seconds_since(t0);
+  }
 
   // bam: a cold cache each run.
   path_result bam{"bam", "the edges through bam's page cache from " + where.device + " (" + s.transport_name() + ")"};
   bam.ran = true;
   for (unsigned r = 0; r < o.runs; ++r) {
-    cached_graph cg(s, where, m, o.cache_mib << 20, o.page_size, o.offsets == "cache", st);
+    cached_graph cg(s, where, m, cache_bytes, o.page_size, o.offsets == "cache", st);
     outcome out;
-    with_cached_view(o, cg, m.nodes, d_off.get(), [&](auto v) {
+    with_cached_view(o, cg, m.nodes, d_off.get(), d_heads.get(), [&](auto v) {
       bam.look_ahead = v.edg.ahead.ahead;
       out = run.gpu_run(v, r, w, st);
     });
@@ -353,13 +377,23 @@ int run_algorithm(const run_options& o0) {
 
     path_result zero{"zero-copy", "the edges in pinned host memory, read by the GPU over PCIe (zero-copy)"};
     zero.ran = true;
+    // With --heads: the same heads in GPU memory in front of zero-copy, what they alone are worth.
+    path_result zh{"zero-copy-heads",
+                   "zero-copy behind the same heads in GPU memory (" + std::to_string(heads_bytes >> 20) + " MiB)"};
     {
       pinned_buffer<std::uint32_t> h_edges(m.edges);
       std::memcpy(h_edges.get(), g.indices.data(), m.image().edges_bytes());
+      plain v{m.nodes, {d_off.get()}, {h_edges.get()}};
       for (unsigned r = 0; r < o.runs; ++r)
-        run.check(zero, r, run.gpu_run(plain{m.nodes, {d_off.get()}, {h_edges.get()}}, r, w, st));
+        run.check(zero, r, run.gpu_run(v, r, w, st));
+      v.heads = d_heads.get();
+      v.head_k = o.heads;
+      zh.ran = o.heads != 0;
+      for (unsigned r = 0; zh.ran && r < o.runs; ++r)
+        run.check(zh, r, run.gpu_run(v, r, w, st));
     }
     paths.push_back(std::move(zero));
+    if (zh.ran) paths.push_back(std::move(zh));
 
     path_result cpu{"cpu", "CPU threads (OpenMP, " + std::to_string(cpu_threads()) + "), the same algorithm family"};
     cpu.ran = true;
@@ -400,8 +434,10 @@ int run_algorithm(const run_options& o0) {
     j["placement"] = where.placement;
     if (where.in_process) j["load_seconds"] = where.load_seconds;
     j["page_size"] = o.page_size;
-    j["cache_bytes"] = o.cache_mib << 20;
-    j["cache_to_edges"] = static_cast<double>(o.cache_mib << 20) / static_cast<double>(m.image().edges_bytes());
+    j["cache_bytes"] = cache_bytes;
+    j["cache_to_edges"] = static_cast<double>(cache_bytes) / static_cast<double>(m.image().edges_bytes());
+    j["heads"] = {{"per_node", o.heads}, {"bytes", heads_bytes}, {"build_seconds", heads_seconds}};
+    j["gpu_memory_for_edges"] = o.cache_mib << 20; // bam's: the cache and the heads
     j["access"] = o.access;
     j["offsets"] = o.offsets;
     j["runs"] = o.runs;

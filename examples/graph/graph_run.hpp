@@ -18,10 +18,12 @@ struct run_options {
   std::string offsets = "gpu"; //!< where the offsets are read from: gpu (GPU memory) or cache (through bam)
   int look_ahead =
       -1; //!< pages a warp brings in at once ahead of its reads through the cache (-1: from the cache's size; 0: none)
-  unsigned runs = 0;        //!< 0: 4 for bfs and cc, 1 for pagerank (BFS: a root each)
-  std::int64_t root = -1;   //!< BFS: this root for every run (-1: drawn from seed)
-  std::uint64_t seed = 1;   //!< BFS roots
-  bool bottom_up = true;    //!< BFS: direction-optimizing (large frontiers bottom-up); false: top-down only
+  unsigned runs = 0;      //!< 0: 4 for bfs and cc, 1 for pagerank (BFS: a root each)
+  std::int64_t root = -1; //!< BFS: this root for every run (-1: drawn from seed)
+  std::uint64_t seed = 1; //!< BFS roots
+  bool bottom_up = true;  //!< BFS: direction-optimizing (large frontiers bottom-up); false: top-down only
+  //! BFS and CC: the first `heads` neighbours of every node in GPU memory, out of bam's --cache-mib (0: none)
+  unsigned heads = 0;
   bool baselines = true;    //!< also GPU memory, zero-copy host memory and CPU threads
   bool validate = true;     //!< check every run's result
   double damping = 0.85;    //!< PageRank

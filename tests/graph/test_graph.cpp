@@ -305,6 +305,13 @@ TEST_CASE("bam-graph: make, info, check, load onto a software controller, check 
   r = bam_graph("import " + (t / "i") + " --edges " + (t / "bad.txt"));
   CHECK(r.status == 1);
   CHECK_THAT(r.out, ContainsSubstring("bad.txt:2:"));
+  // --heads: 0 to 32 neighbours, for BFS and CC only.
+  r = bam_graph("bfs " + (t / "g") + " --heads 33");
+  CHECK(r.status != 0);
+  CHECK_THAT(r.out, ContainsSubstring("--heads"));
+  r = bam_graph("pagerank " + (t / "g") + " --heads 2");
+  CHECK(r.status != 0);
+  CHECK_THAT(r.out, ContainsSubstring("--heads"));
 #if !defined(BAM_GRAPH_TEST_CUDA)
   r = bam_graph("bfs " + (t / "g"));
   CHECK(r.status == 1);

@@ -99,7 +99,7 @@ void check_against_cpu(const results& r) {
 //! The algorithms through the cache over `device`, warps bringing in
 //! `ahead` pages at once before reading a window of lists (0: none).
 void through_cache(const std::string& device, std::uint32_t page_size, bool offsets_in_cache, bool reader,
-                   unsigned ahead) {
+                   unsigned ahead, unsigned heads = 0) {
   const small_graph& sg = graph();
   graph_location l = choose_device(device, sg.m);
   bam::storage s(l.spec);
@@ -114,16 +114,24 @@ void through_cache(const std::string& device, std::uint32_t page_size, bool offs
   const unsigned shift = cg.edge_page_shift();
   const look_ahead_settings settings{ahead, static_cast<float>(sg.m.nodes) /
                                                 static_cast<float>((cg.edges.size() >> shift) + 1)};
+  const std::vector<std::uint32_t> h = list_heads(sg.g, heads);
+  bam::device_buffer<std::uint32_t> d_heads(std::max<std::size_t>(h.size(), 1));
+  if (!h.empty()) bam::copy_to_device(d_heads.get(), h.data(), h.size());
   results r;
+  auto with_heads = [&](auto v) {
+    v.heads = d_heads.get();
+    v.head_k = heads;
+    return v;
+  };
   auto go = [&](auto edges) {
     if (offsets_in_cache)
-      r = run_all(graph_view<bam_reader_source<std::uint64_t>, decltype(edges)>{sg.m.nodes,
-                                                                                {cg.offsets->ref(), shift - 1},
-                                                                                edges},
+      r = run_all(with_heads(graph_view<bam_reader_source<std::uint64_t>, decltype(edges)>{
+                      sg.m.nodes, {cg.offsets->ref(), shift - 1}, edges}),
                   w, stream.s);
     else
-      r = run_all(graph_view<pointer_source<std::uint64_t>, decltype(edges)>{sg.m.nodes, {d_off.get()}, edges}, w,
-                  stream.s);
+      r = run_all(
+          with_heads(graph_view<pointer_source<std::uint64_t>, decltype(edges)>{sg.m.nodes, {d_off.get()}, edges}), w,
+          stream.s);
   };
   if (reader)
     go(bam_reader_source<std::uint32_t>{cg.edges.ref(), shift, settings});
@@ -149,6 +157,28 @@ TEST_CASE("graph: the same with a reader, 512-byte pages and the offsets through
 
 TEST_CASE("graph: the same over two controllers, pages striped, 16 KiB pages", "[graph][gpu]") {
   through_cache("emu-gpu:ram=16M,ssds=2", 16384, false, false, 4);
+}
+
+TEST_CASE("graph: the same with the first neighbours of every node in GPU memory (--heads)", "[graph][gpu]") {
+  // Fewer heads than CC samples, as many, and more (lists shorter than the heads too).
+  SECTION("1 head") { through_cache("emu-gpu:ram=16M", 4096, false, false, 16, 1); }
+  SECTION("2 heads") { through_cache("emu-gpu:ram=16M", 4096, false, false, 16, 2); }
+  SECTION("5 heads, a reader, offsets through the cache") { through_cache("emu-gpu:ram=16M", 512, true, true, 8, 5); }
+  SECTION("32 heads") { through_cache("emu-gpu:ram=16M", 4096, false, false, 0, 32); }
+}
+
+TEST_CASE("graph: list_heads holds each node's first neighbours, no_node past a shorter list", "[graph][gpu]") {
+  const csr_graph& g = graph().g;
+  const std::vector<std::uint32_t> h = list_heads(g, 3);
+  REQUIRE(h.size() == g.nodes() * 3);
+  std::uint64_t short_lists = 0;
+  for (std::uint64_t v = 0; v < g.nodes(); ++v) {
+    const auto d = static_cast<std::uint64_t>(g.indptr[v + 1] - g.indptr[v]);
+    short_lists += d < 3;
+    for (std::uint64_t j = 0; j < 3; ++j)
+      REQUIRE(h[v * 3 + j] == (j < d ? static_cast<std::uint32_t>(g.indices[g.indptr[v] + j]) : no_node));
+  }
+  CHECK(short_lists > 0);
 }
 
 __global__ void prefetch_spans_kernel(bam::array_ref<std::uint32_t> a, unsigned shift, unsigned ahead,
@@ -200,9 +230,12 @@ TEST_CASE("bam-graph bfs, cc and pagerank on a GPU: each run checked, the report
   auto r = bam_gnn_test::bam_gnn("-q make " + (t / "g") + " --scale 12 --degree 8");
   INFO(r.out);
   REQUIRE(r.status == 0);
-  for (const std::string algo : {"bfs", "cc", "pagerank"}) {
-    const std::string out = t / (algo + ".json");
-    r = bam_gnn_test::bam_gnn(algo + " " + (t / "g") + " --cache-mib 1 --runs 2 --json " + out);
+  for (const std::string run : {"bfs", "cc", "pagerank", "bfs --heads 2", "cc --heads 3"}) {
+    const std::string algo = run.substr(0, run.find(' '));
+    const bool heads = run.find("--heads") != std::string::npos;
+    const std::string out = t / (algo + (heads ? "-heads" : "") + ".json");
+    r = bam_gnn_test::bam_gnn(run + " " + (t / "g") + " --cache-mib " + (heads ? "2" : "1") + " --runs 2 --json " +
+                              out);
     INFO(algo << ": " << r.out);
     REQUIRE(r.status == 0);
     std::ifstream f(out);
@@ -212,6 +245,15 @@ TEST_CASE("bam-graph bfs, cc and pagerank on a GPU: each run checked, the report
     CHECK(j.at("gpu").get<std::string>().size() > 0);
     REQUIRE(j.at("paths").size() >= 2);
     CHECK(j.at("paths").at(0).at("path").get<std::string>() == "bam");
+    if (heads) {
+      // The heads come out of --cache-mib; zero-copy runs behind them too.
+      CHECK(j.at("heads").at("bytes").get<std::uint64_t>() == 4096ull * (algo == "bfs" ? 2 : 3) * 4);
+      CHECK(j.at("cache_bytes").get<std::uint64_t>() + j.at("heads").at("bytes").get<std::uint64_t>() == 2ull << 20);
+      bool behind_heads = false;
+      for (const auto& p : j.at("paths"))
+        behind_heads = behind_heads || (p.at("path") == "zero-copy-heads" && p.at("ran").get<bool>());
+      CHECK(behind_heads);
+    }
     for (const auto& p : j.at("paths")) {
       if (!p.at("ran").get<bool>()) continue;
       INFO(p.at("path").get<std::string>());
