@@ -33,6 +33,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -494,6 +495,17 @@ public:
     }
     throw error("page cache group '" + group_ + "' has named " + std::to_string(entries) +
                 " media, as many as it can: use fewer storages over different media");
+  }
+
+  //! The number of `medium` when a process has given it one; claims none.
+  std::optional<std::uint32_t> find(const std::string& medium) {
+    for (std::uint32_t i = 0; i < entries; ++i) {
+      entry& e = map_->e[i];
+      const std::uint32_t s = std::atomic_ref<std::uint32_t>(e.state).load(std::memory_order_acquire);
+      if (s == free_entry) break; // entries are claimed in order
+      if (s == written && medium == e.name) return i;
+    }
+    return std::nullopt;
   }
 
 private:

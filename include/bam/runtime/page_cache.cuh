@@ -526,17 +526,19 @@ public:
     // after this process's last array over it went, and other processes
     // bring in more.
     const std::string medium = s.medium();
-    if (group_ && forget && medium.rfind("storage@", 0) != 0) {
-      const std::uint32_t n = directory_.number(medium, std::chrono::milliseconds(cfg_.group.timeout_ms));
-      if (std::find(ids.begin(), ids.end(), n) == ids.end()) ids.push_back(n);
+    if (group_ && forget) {
+      const std::optional<std::uint32_t> n = directory_.find(medium);
+      if (n && std::find(ids.begin(), ids.end(), *n) == ids.end()) ids.push_back(*n);
     }
+    if (ids.empty()) return; // no page of it here
     std::optional<error> first;
     for (const std::uint32_t id : ids) {
       writeback_locked(id, forget, stream);
       if (!host_spaces_[id].used) continue;
       try {
         throw_space_error(id, "page cache write-back failed", stream);
-        if (forget && host_spaces_[id].zombie) release_space(id, stream); // its pages reached the storage at last
+        // A zombie whose pages reached the storage at last, and are gone from the cache.
+        if (forget && host_spaces_[id].zombie && pages_of_spaces({id}) == 0) release_space(id, stream);
       } catch (const error& e) {
         if (!first) first = e;
       }
@@ -899,7 +901,7 @@ private:
       return true;
     }
   }
-  //! Slots whose page belongs to one of the spaces `ids`.
+  //! Slots whose page of one of the spaces `ids` may still be read (a failed load's are not).
   std::uint64_t pages_of_spaces(const std::vector<std::uint32_t>& ids) const {
     constexpr std::uint64_t chunk = 1u << 20;
     std::vector<std::uint64_t> words(static_cast<std::size_t>(std::min<std::uint64_t>(chunk, nslots_)));
@@ -908,8 +910,9 @@ private:
       const std::uint64_t n = std::min<std::uint64_t>(chunk, nslots_ - first);
       copy_to_host(words.data(), slots_ptr_ + first, static_cast<std::size_t>(n));
       for (std::uint64_t k = 0; k < n; ++k) {
+        // A slot whose load failed serves no read; one quarantined (busy) keeps its tag for good.
         const std::uint64_t tag = words[k] >> slot_tag_shift;
-        if (tag == 0) continue;
+        if (tag == 0 || (words[k] & slot_error) != 0) continue;
         const auto space = static_cast<std::uint32_t>((tag - 1) >> key_page_bits);
         found += std::find(ids.begin(), ids.end(), space) != ids.end();
       }
@@ -1087,7 +1090,8 @@ public:
   //! waits for it.
   //! @throw bam::error for a failed write-back (that page stays, dirty).
   //! @throw bam::error also when a page of `s` stays (a kernel holds it,
-  //! or another process of a group has yet to write it back).
+  //! or, in a group, another process is loading it or has yet to write it
+  //! back).
   void invalidate(const storage& s, cuda::stream_ref stream = {}) { s_->write_back_medium(s, true, stream.get()); }
   //! Write back the dirty pages of arrays over `s` (its medium) and keep
   //! them: `flush` for one storage, without the NVMe Flush. Runs on

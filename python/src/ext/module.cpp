@@ -591,7 +591,8 @@ NB_MODULE(_core, m) {
       .def(
           "_check_read",
           [](storage_handle& s, std::uint64_t offset, std::uint64_t nbytes) { s.check_read(offset, nbytes); },
-          "offset"_a, "nbytes"_a, nb::call_guard<nb::gil_scoped_release>()) // waits for a transfer, whose progress takes the GIL
+          "offset"_a, "nbytes"_a,
+          nb::call_guard<nb::gil_scoped_release>()) // waits for a transfer, whose progress takes the GIL
       .def(
           "_read",
           [](storage_handle& s, std::uint64_t offset, host_buffer out) {
