@@ -230,9 +230,9 @@ struct graph_view {
   //! run's density), the span of their lists (a single item's cut to
   //! `limit` ids), and the warp brings in the first pages of those spans at
   //! once. Returns the items the window covers (32 k).
-  template <class NodeOf, class Need>
+  template <class NodeOf>
   BAM_DEVICE std::uint64_t prefetch_window(NodeOf node_of, std::uint64_t i, std::uint64_t end, unsigned k,
-                                           std::uint64_t limit, Need need) const {
+                                           std::uint64_t limit) const {
     const std::uint64_t first = i + std::uint64_t{lane_of_thread()} * k;
     std::uint64_t b = 0, e = 0;
     if (first < end) {
@@ -243,7 +243,6 @@ struct graph_view {
         e = off.get(v + 1);
         b = e - b < head_k ? e : b + head_k; // the heads are read in GPU memory
         if (e - b > limit) e = b + limit;
-        if (!need(v)) e = b;
       } else {
         e = off.get(node_of(last) + 1);
       }
@@ -252,6 +251,15 @@ struct graph_view {
     return std::uint64_t{32} * k;
   }
 };
+
+//! The offsets when they are in memory (a plain pointer), else null.
+template <class V>
+const std::uint64_t* offsets_in_memory(const V& g) {
+  if constexpr (decltype(g.off)::through_cache)
+    return nullptr;
+  else
+    return g.off.p;
+}
 
 //! Ids of a neighbour list read when a node is looked at whole.
 inline constexpr std::uint64_t whole_list = ~std::uint64_t{0};
@@ -288,27 +296,20 @@ BAM_DEVICE void for_warp_items(std::uint64_t count, F&& f) {
   for_warp_items<Runs>(count, f, [](std::uint64_t i, std::uint64_t end) { return end - i; });
 }
 
-//! Every listed node's list is read (what a window brings in by default).
-struct every_list {
-  BAM_DEVICE bool operator()(std::uint64_t) const { return true; }
-};
-
 //! The look-ahead of a run of items from `list` (null: the items are the
-//! nodes), each list cut to `limit` ids, and only of the nodes `need`
-//! names (a node of `list`); none unless the edges are read through the
-//! cache with look-ahead.
-template <class V, class Need = every_list>
+//! nodes), each list cut to `limit` ids; none unless the edges are read
+//! through the cache with look-ahead.
+template <class V>
 struct list_window {
   const V& g;
   const std::uint32_t* list;
   unsigned k;
   std::uint64_t limit;
-  Need need;
   BAM_DEVICE std::uint64_t operator()(std::uint64_t i, std::uint64_t end) const {
     if constexpr (decltype(g.edg)::through_cache) {
       if (g.edg.look_ahead() != 0)
-        return g.prefetch_window([&](std::uint64_t j) -> std::uint64_t { return list ? list[j] : j; }, i, end, k, limit,
-                                 need);
+        return g.prefetch_window([&](std::uint64_t j) -> std::uint64_t { return list ? list[j] : j; }, i, end, k,
+                                 limit);
     }
     return end - i;
   }
@@ -316,19 +317,17 @@ struct list_window {
 //! A lane's share of a window: a node's list from `list` (whose nodes may
 //! lie far apart: a share of several would span the lists of the nodes
 //! between them), or about a page's worth of consecutive nodes.
-template <class V, class Need = every_list>
-BAM_DEVICE list_window<V, Need> window_over(const V& g, const std::uint32_t* list, std::uint64_t count,
-                                            std::uint64_t limit, Need need = {}) {
-  return {g, list, list != nullptr ? 1u : g.edg.items_per_lane(count, g.nodes), limit, need};
+template <class V>
+BAM_DEVICE list_window<V> window_over(const V& g, const std::uint32_t* list, std::uint64_t count, std::uint64_t limit) {
+  return {g, list, list != nullptr ? 1u : g.edg.items_per_lane(count, g.nodes), limit};
 }
 
 //! A warp per node of list[0, count): f(v, begin, end) with the whole warp,
 //! then the pages it reported counted. The lists are read up to `limit`
-//! ids first (what the look-ahead brings in), those of the nodes `need`
-//! names.
-template <class V, class F, class Need = every_list>
+//! ids first (what the look-ahead brings in).
+template <class V, class F>
 BAM_DEVICE void warp_per_listed_node(const V& g, const std::uint32_t* list, std::uint64_t count, F&& f,
-                                     std::uint64_t limit = whole_list, Need need = {}) {
+                                     std::uint64_t limit = whole_list) {
   std::uint64_t seen = 0;
   for_warp_items<decltype(g.edg)::through_cache>(
       count,
@@ -339,7 +338,7 @@ BAM_DEVICE void warp_per_listed_node(const V& g, const std::uint32_t* list, std:
         const std::uint64_t pages = f(v, b, e);
         if (lane_of_thread() == 0) seen += pages;
       },
-      window_over(g, list, count, limit, need));
+      window_over(g, list, count, limit));
   g.count(seen);
 }
 
@@ -363,7 +362,9 @@ inline constexpr std::uint64_t bottom_up_chunk = 128;
 //! A bottom-up step: each node of `unreached_nodes` reads its neighbours a
 //! chunk at a time until one is at level `cur` (in the frontier); that one
 //! becomes its parent. The list is in node order and a warp takes a run of
-//! it, so the warps read the edge array from start to end.
+//! it, so the warps read the edge array from start to end. With heads, the
+//! list holds only nodes none of whose heads is in the frontier
+//! (bfs_bottom_up_heads looked), and their lists are read past the heads.
 template <class V>
 __global__ void bfs_bottom_up(V g, const std::uint32_t* unreached_nodes, std::uint64_t count, std::uint32_t* parent,
                               std::uint32_t* level, std::uint32_t cur) {
@@ -377,8 +378,8 @@ __global__ void bfs_bottom_up(V g, const std::uint32_t* unreached_nodes, std::ui
         auto look = [&](std::uint32_t u) {
           if (found == unreached && level[u] == cur) found = u;
         };
-        const std::uint64_t from = g.warp_heads(v, b, e, look);
-        unsigned with = __ballot_sync(0xffffffffu, found != unreached);
+        const std::uint64_t from = e - b < g.head_k ? e : b + g.head_k;
+        unsigned with = 0;
         std::uint64_t read_to = from; // the pages of [from, read_to) are counted once, as a top-down read counts them
         for (std::uint64_t c = from; with == 0 && c < e; c += bottom_up_chunk) {
           read_to = e - c < bottom_up_chunk ? e : c + bottom_up_chunk;
@@ -391,16 +392,28 @@ __global__ void bfs_bottom_up(V g, const std::uint32_t* unreached_nodes, std::ui
         }
         return g.edg.pages(from, read_to);
       },
-      bottom_up_chunk,
-      // Past the heads only for a node none of whose heads is in the frontier.
-      [&](std::uint64_t v) {
-        for (unsigned j = 0; j < g.head_k; ++j) {
-          const std::uint32_t u = g.heads[v * g.head_k + j];
-          if (u == unreached) break;
-          if (level[u] == cur) return false;
-        }
-        return true;
-      });
+      bottom_up_chunk);
+}
+
+//! A bottom-up step's look at the heads, a thread per node: an unreached
+//! node with a head at level `cur` (in the frontier) takes it as parent.
+//! A plain kernel (nothing of the cache's code, a plain kernel's
+//! occupancy); bfs_bottom_up reads the lists of the nodes it leaves.
+__global__ inline void bfs_bottom_up_heads(const std::uint32_t* heads, unsigned head_k, std::uint64_t nodes,
+                                           std::uint32_t* parent, std::uint32_t* level, std::uint32_t cur) {
+  for (std::uint64_t v = std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; v < nodes;
+       v += std::uint64_t{gridDim.x} * blockDim.x) {
+    if (level[v] != unreached) continue;
+    for (unsigned j = 0; j < head_k; ++j) {
+      const std::uint32_t u = heads[v * head_k + j];
+      if (u == unreached) break; // list_heads pads with no_node (the same)
+      if (level[u] == cur) {
+        parent[v] = u;
+        level[v] = cur + 1;
+        break;
+      }
+    }
+  }
 }
 
 //! Direction-optimizing BFS goes bottom-up for a level whose frontier holds
@@ -418,6 +431,17 @@ struct at_level {
   const std::uint32_t* level;
   std::uint32_t want;
   BAM_DEVICE bool operator()(std::uint32_t v) const { return level[v] == want; }
+};
+
+//! An unreached node with neighbours past its first `head_k` (every
+//! unreached node when `off`, the offsets in memory, is null).
+struct unreached_past_heads {
+  const std::uint32_t* level;
+  const std::uint64_t* off;
+  unsigned head_k;
+  BAM_DEVICE bool operator()(std::uint32_t v) const {
+    return level[v] == unreached && (off == nullptr || off[v + 1] - off[v] > head_k);
+  }
 };
 
 //! A node outside component `giant` with neighbours past the first
@@ -492,8 +516,16 @@ bfs_figures bfs_gpu(V g, std::uint32_t root, work_buffers& w, cudaStream_t s, bo
   bfs_figures f;
   for (std::uint64_t count = 1; count != 0; ++f.levels) {
     if (bottom_up && count > g.nodes / bottom_up_share) {
-      // w.list: the nodes not reached yet, instead of the frontier.
-      const std::uint64_t left = w.select(at_level{w.b.get(), unreached}, s);
+      // w.list: the nodes not reached yet, instead of the frontier; with
+      // heads, those the heads did not settle and with more neighbours.
+      std::uint64_t left = 0;
+      if (g.head_k != 0) {
+        bfs_bottom_up_heads<<<gnn::grid_for(g.nodes), gnn::block_threads, 0, s>>>(g.heads, g.head_k, g.nodes, w.a.get(),
+                                                                                  w.b.get(), f.levels);
+        left = w.select(unreached_past_heads{w.b.get(), offsets_in_memory(g), g.head_k}, s);
+      } else {
+        left = w.select(at_level{w.b.get(), unreached}, s);
+      }
       if (left != 0)
         bfs_bottom_up<<<grid_for_warps(left), gnn::block_threads, 0, s>>>(g, w.list.get(), left, w.a.get(), w.b.get(),
                                                                           f.levels);
@@ -566,6 +598,21 @@ __global__ void cc_sample(V g, std::uint32_t* comp) {
   g.count(seen);
 }
 
+//! cc_sample when `heads` holds each node's first afforest_rounds (or more)
+//! neighbours: it reads nothing else, so it carries none of the cache's
+//! code and runs with a plain kernel's registers and occupancy.
+__global__ inline void cc_sample_heads(const std::uint32_t* heads, unsigned head_k, std::uint64_t nodes,
+                                       std::uint32_t* comp) {
+  for (std::uint64_t v = std::uint64_t{blockIdx.x} * blockDim.x + threadIdx.x; v < nodes;
+       v += std::uint64_t{gridDim.x} * blockDim.x) {
+    std::uint32_t first[afforest_rounds];
+    for (unsigned r = 0; r < afforest_rounds; ++r)
+      first[r] = heads[v * head_k + r];
+    for (unsigned r = 0; r < afforest_rounds && first[r] != unreached; ++r) // list_heads pads with no_node (the same)
+      link(static_cast<std::uint32_t>(v), first[r], comp);
+  }
+}
+
 //! The rest of the neighbours of each listed node (a warp per node).
 template <class V>
 __global__ void cc_link_rest(V g, const std::uint32_t* list, std::uint64_t count, std::uint32_t* comp) {
@@ -615,12 +662,14 @@ void cc_gpu(V g, work_buffers& w, cudaStream_t s) {
   const unsigned grid = gnn::grid_for(g.nodes);
   std::uint32_t* comp = w.a.get();
   cc_init<<<grid, gnn::block_threads, 0, s>>>(comp, g.nodes);
-  cc_sample<<<grid, gnn::block_threads, 0, s>>>(g, comp);
+  if (g.heads != nullptr && g.head_k >= afforest_rounds)
+    cc_sample_heads<<<grid, gnn::block_threads, 0, s>>>(g.heads, g.head_k, g.nodes, comp);
+  else
+    cc_sample<<<grid, gnn::block_threads, 0, s>>>(g, comp);
   cc_compress<<<grid, gnn::block_threads, 0, s>>>(comp, g.nodes);
   BAM_CUDA_TRY(cudaGetLastError());
   // Nodes whose whole list cc_sample hooked have no more to hook.
-  const std::uint64_t* off = nullptr;
-  if constexpr (!decltype(g.off)::through_cache) off = g.off.p;
+  const std::uint64_t* off = offsets_in_memory(g);
   // Small graphs: every node (no sample of 2048 labels to find the giant in w.b).
   const std::uint32_t giant = g.nodes > 2 * 1024 ? sampled_giant(comp, g.nodes, w, s) : unreached;
   const std::uint64_t rest = w.select(not_in_component{comp, giant, off}, s);
