@@ -7,7 +7,8 @@
 # cmake on PATH) and each way of using bam (find_package on an installed copy,
 # add_subdirectory of the source tree), configure, build and run the consumer:
 # a .cu and a .cpp file in one target where nvcc exists (BAM_PACKAGE_TEST_NVCC
-# or PATH), else the .cpp file alone. Then the same consumer through pkg-config.
+# or PATH; for BAM_PACKAGE_TEST_CUDA_ARCHS, comma-separated, default 90), else the .cpp file
+# alone. Then the same consumer through pkg-config.
 set -euo pipefail
 installed=""
 if [ "$1" = --installed ]; then installed=$2; else build=$1; fi
@@ -21,7 +22,8 @@ IFS=: read -r -a cmakes <<<"${BAM_PACKAGE_TEST_CMAKES:-cmake}"
 nvcc=${BAM_PACKAGE_TEST_NVCC:-$(command -v nvcc || true)}
 cuda_args=(-DBAM_CONSUMER_CUDA=OFF)
 if [ -n "$nvcc" ]; then
-  cuda_args=(-DBAM_CONSUMER_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=90)
+  cuda_args=(-DBAM_CONSUMER_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc"
+    -DCMAKE_CUDA_ARCHITECTURES="$(tr , ';' <<<"${BAM_PACKAGE_TEST_CUDA_ARCHS:-90}")")
 fi
 
 prefix=$work/prefix
