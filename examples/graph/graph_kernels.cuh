@@ -364,7 +364,8 @@ inline constexpr std::uint64_t bottom_up_chunk = 128;
 //! becomes its parent. The list is in node order and a warp takes a run of
 //! it, so the warps read the edge array from start to end. With heads, the
 //! list holds only nodes none of whose heads is in the frontier
-//! (bfs_bottom_up_heads looked), and their lists are read past the heads.
+//! (bfs_bottom_up_heads looked), and with more neighbours than heads where
+//! the offsets are in memory; their lists are read past the heads.
 template <class V>
 __global__ void bfs_bottom_up(V g, const std::uint32_t* unreached_nodes, std::uint64_t count, std::uint32_t* parent,
                               std::uint32_t* level, std::uint32_t cur) {
