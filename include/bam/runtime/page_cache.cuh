@@ -901,36 +901,34 @@ private:
       return true;
     }
   }
-  //! Whether stop(word) holds for one slot's word: the words are read from
-  //! the GPU a chunk at a time, and stop sees them in slot order.
-  template <class Stop>
-  bool any_slot_word(Stop&& stop) const {
+  //! Slots whose page of one of the spaces `ids` may still be read (a failed load's are not).
+  std::uint64_t pages_of_spaces(const std::vector<std::uint32_t>& ids) const {
+    constexpr std::uint64_t chunk = 1u << 20;
+    std::vector<std::uint64_t> words(static_cast<std::size_t>(std::min<std::uint64_t>(chunk, nslots_)));
+    std::uint64_t found = 0;
+    for (std::uint64_t first = 0; first < nslots_; first += chunk) {
+      const std::uint64_t n = std::min<std::uint64_t>(chunk, nslots_ - first);
+      copy_to_host(words.data(), slots_ptr_ + first, static_cast<std::size_t>(n));
+      for (std::uint64_t k = 0; k < n; ++k) {
+        // A slot whose load failed serves no read; one quarantined (busy) keeps its tag for good.
+        const std::uint64_t tag = words[k] >> slot_tag_shift;
+        if (tag == 0 || (words[k] & slot_error) != 0) continue;
+        const auto space = static_cast<std::uint32_t>((tag - 1) >> key_page_bits);
+        found += std::find(ids.begin(), ids.end(), space) != ids.end();
+      }
+    }
+    return found;
+  }
+  bool any_slot_lost() const {
     constexpr std::uint64_t chunk = 1u << 20;
     std::vector<std::uint64_t> words(static_cast<std::size_t>(std::min<std::uint64_t>(chunk, nslots_)));
     for (std::uint64_t first = 0; first < nslots_; first += chunk) {
       const std::uint64_t n = std::min<std::uint64_t>(chunk, nslots_ - first);
       copy_to_host(words.data(), slots_ptr_ + first, static_cast<std::size_t>(n));
       for (std::uint64_t k = 0; k < n; ++k)
-        if (stop(words[k])) return true;
+        if (slot_lost(words[k])) return true;
     }
     return false;
-  }
-  //! Slots whose page of one of the spaces `ids` may still be read (a failed load's are not).
-  std::uint64_t pages_of_spaces(const std::vector<std::uint32_t>& ids) const {
-    std::uint64_t found = 0;
-    any_slot_word([&](std::uint64_t word) {
-      // A slot whose load failed serves no read; one quarantined (busy) keeps its tag for good.
-      const std::uint64_t tag = word >> slot_tag_shift;
-      if (tag != 0 && (word & slot_error) == 0) {
-        const auto space = static_cast<std::uint32_t>((tag - 1) >> key_page_bits);
-        found += std::find(ids.begin(), ids.end(), space) != ids.end();
-      }
-      return false;
-    });
-    return found;
-  }
-  bool any_slot_lost() const {
-    return any_slot_word([](std::uint64_t word) { return slot_lost(word); });
   }
 
   void release_space(std::uint32_t id, cudaStream_t stream) {
